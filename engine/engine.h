@@ -1,0 +1,139 @@
+// engine/engine.h: the engine's public face. An Engine owns one model replica: its KV cache, its
+// scheduler and its sampler. A caller adds sequences, calls Step() in a loop and collects tokens
+// and finished sequences.
+//
+// Invariance contract (see DESIGN.md): a sequence's token ids and fp32 logprob bits are a pure
+// function of (weights, prompt, forced tokens, sampling params, sample_index). They never depend
+// on what else is in the engine, on batch size or position, prefill chunking, prefix-cache hits,
+// thread count, attention kernel choice or the order of Add() calls.
+//
+// Thread-safety: an Engine is NOT thread-safe. One owner thread calls every method.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "schema/status.h"
+
+namespace bitroll::engine {
+
+// Sampling parameters, applied in this fixed order: temperature, top-k, top-p, min-p, then
+// Gumbel-max over the survivors with Philox noise keyed on (seed, sample_index, position, id).
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy (argmax, ties to the lowest id)
+  int32_t top_k = 0;         // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  float min_p = 0.0f;        // 0 = off
+  uint64_t seed = 0;
+};
+
+struct StopParams {
+  int32_t max_tokens = 256;        // generated tokens (forced ones count) before kLength
+  std::vector<int32_t> stop_ids;   // finishing on one of these includes it in the output
+  bool stop_at_eos = true;         // the model's EOS id stops
+  bool stop_at_bos = true;         // llama2.c convention: sampling BOS stops (BOS is not emitted)
+};
+
+struct SequenceRequest {
+  uint64_t id = 0;                  // chosen by the caller; unique among live sequences
+  std::vector<int32_t> prompt;      // token ids; non-empty; each < vocab_size
+  std::vector<int32_t> forced;      // teacher-forced continuation: appended as if sampled and
+                                    // scored (re-scoring, resume after a crash)
+  uint32_t sample_index = 0;        // index within its group; keys the sampling noise
+  SamplingParams sampling;
+  StopParams stop;
+  int32_t priority = 0;             // higher runs first when the engine is full
+  uint64_t group_id = 0;            // samples of one group share the prompt's KV blocks
+};
+
+enum class FinishReason : uint8_t {
+  kNone = 0,     // still running
+  kLength = 1,   // max_tokens reached or the model's context is full
+  kStop = 2,     // a stop id was sampled
+  kEos = 3,      // EOS (or BOS under stop_at_bos) was sampled
+  kAborted = 4,  // Abort() was called
+  kError = 5,    // see SequenceOutput::error
+};
+const char* FinishReasonName(FinishReason r);
+
+// What one sequence consumed. engine_seconds shares each step's wall time among the sequences in
+// that step, in proportion to the tokens each one processed.
+struct SequenceCost {
+  int64_t prefill_tokens_computed = 0;
+  int64_t prefill_tokens_cached = 0;
+  int64_t decode_tokens = 0;
+  double engine_seconds = 0.0;
+};
+
+struct SequenceOutput {
+  uint64_t id = 0;
+  std::vector<int32_t> tokens;   // forced tokens, then sampled ones
+  std::vector<float> logprobs;   // one per token: log p(token) under the temperature-scaled
+                                 // full distribution (temperature 0 scores at temperature 1)
+  FinishReason finish = FinishReason::kNone;
+  Status error;
+  SequenceCost cost;
+  uint64_t weight_version = 0;
+};
+
+// One token produced by a step, for streaming.
+struct TokenEvent {
+  uint64_t id = 0;
+  int32_t position = 0;  // absolute position of the token in its sequence
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct StepResult {
+  std::vector<TokenEvent> tokens;        // new tokens, in sequence-id order
+  std::vector<SequenceOutput> finished;  // sequences that finished in this step
+  int64_t tokens_processed = 0;          // prefill + decode tokens run through the model
+  double seconds = 0.0;
+};
+
+// Identifies the numerics: equality of results is promised within one fingerprint.
+struct NumericsFingerprint {
+  uint64_t weights_hash = 0;
+  uint32_t kernel_version = 0;
+  uint32_t attention_chunk = 0;  // S
+  std::string backend;           // "cpu" (ISA is not part of it: all CPU ISAs give equal bits)
+};
+
+struct ModelInfo {
+  std::string name;
+  int32_t vocab_size = 0;
+  int32_t max_seq_len = 0;
+  int32_t bos_id = 1;
+  int32_t eos_id = 2;
+  NumericsFingerprint fingerprint;
+};
+
+struct EngineStats {
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_free = 0;
+  int64_t prefill_tokens_computed = 0;
+  int64_t prefill_tokens_cached = 0;
+  int64_t decode_tokens = 0;
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual const ModelInfo& info() const = 0;
+  // Queues a sequence. Errors: kInvalidArgument (empty prompt, duplicate id, bad params),
+  // kOutOfRange (token id outside the vocabulary, prompt longer than the context).
+  virtual Status Add(SequenceRequest request) = 0;
+  // Finishes a live sequence with kAborted; it is reported by the next Step(). kNotFound if unknown.
+  virtual Status Abort(uint64_t id) = 0;
+  // Runs one scheduler step. A Status error means the engine itself failed, not one sequence.
+  virtual Result<StepResult> Step() = 0;
+  virtual bool HasWork() const = 0;
+  virtual EngineStats stats() const = 0;
+};
+
+}  // namespace bitroll::engine

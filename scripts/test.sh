@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is missing (as root), builds, and runs every test.
+# Extra arguments go to ctest (e.g. -R Invariance, -L fast).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BITROLL_BUILD_DIR:-$root/build}"
+"$root/scripts/build.sh"
+cd "$build"
+ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"

@@ -75,7 +75,13 @@ struct SequenceOutput {
   FinishReason finish = FinishReason::kNone;
   Status error;
   SequenceCost cost;
-  uint64_t weight_version = 0;
+  // The weight version that produced each token span: span i covers tokens
+  // [versions[i].begin, versions[i+1].begin). One span unless weights changed mid-sequence.
+  struct VersionSpan {
+    int32_t begin = 0;
+    uint64_t version = 0;
+  };
+  std::vector<VersionSpan> versions;
 };
 
 // One token produced by a step, for streaming.
@@ -84,6 +90,7 @@ struct TokenEvent {
   int32_t position = 0;  // absolute position of the token in its sequence
   int32_t token = 0;
   float logprob = 0.0f;
+  uint64_t weight_version = 0;
 };
 
 struct StepResult {
@@ -121,6 +128,20 @@ struct EngineStats {
   int64_t steps = 0;
 };
 
+class Tokenizer;  // engine/tokenizer.h
+
+struct EngineOptions {
+  std::string model_path;        // llama2.c .bin (GGUF and HF directories come with engine serving)
+  std::string tokenizer_path;    // empty: tokenizer.bin or tok512.bin beside the model
+  int32_t threads = 1;           // kernel threads; never changes a bit
+  std::string isa = "auto";      // "auto" | "scalar" | "avx2" | "avx512"; never changes a bit
+  std::string attention = "auto";  // "auto" (chosen by load) | "single" | "split"; never changes a bit
+  int64_t kv_cache_bytes = 256ll << 20;  // KV memory budget; sets the number of blocks
+  int32_t max_step_tokens = 512;  // token budget of one step (prefill chunks + decodes)
+  int32_t max_running = 256;      // sequences decoding at once
+  uint64_t weight_version = 0;    // recorded on every token this engine produces
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -134,6 +155,15 @@ class Engine {
   virtual Result<StepResult> Step() = 0;
   virtual bool HasWork() const = 0;
   virtual EngineStats stats() const = 0;
+  // The model's tokenizer, or nullptr when the engine has none (test doubles).
+  virtual const Tokenizer* tokenizer() const = 0;
+  // Loads new weights (same shapes) from `path` under `version`. Takes effect at the next Step();
+  // running sequences continue, and their later tokens record the new version.
+  virtual Status UpdateWeights(const std::string& path, uint64_t version) = 0;
 };
+
+// Opens the model named by options.model_path (format detected) on the CPU backend.
+// Errors: kNotFound, kCorruption, kUnsupported, kInvalidArgument (see the loaders).
+Result<std::unique_ptr<Engine>> OpenEngine(const EngineOptions& options);
 
 }  // namespace bitroll::engine

@@ -1,0 +1,303 @@
+#include "engine/cpu_engine.h"
+#include "engine/model_loader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+
+namespace bitroll::engine {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kEos: return "eos";
+    case FinishReason::kAborted: return "aborted";
+    case FinishReason::kError: return "error";
+  }
+  return "unknown";
+}
+
+namespace {
+
+Result<kernels::AttentionKernel> ParseAttention(const std::string& s) {
+  if (s == "auto") return kernels::AttentionKernel::kAuto;
+  if (s == "single") return kernels::AttentionKernel::kSingle;
+  if (s == "split") return kernels::AttentionKernel::kSplit;
+  return Status::InvalidArgument("attention kernel '" + s + "': expected auto, single or split");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
+  const EngineOptions& o = parts.options;
+  if (parts.weights == nullptr) return Status::InvalidArgument("engine: no weights");
+  if (o.threads < 1 || o.threads > 1024) {
+    return Status::InvalidArgument("engine: threads must be in [1, 1024], got " +
+                                   std::to_string(o.threads));
+  }
+  if (o.max_step_tokens < 1 || o.max_running < 1) {
+    return Status::InvalidArgument("engine: max_step_tokens and max_running must be >= 1");
+  }
+  BR_ASSIGN_OR_RETURN(kernels::Isa isa, kernels::ParseIsa(o.isa));
+  BR_ASSIGN_OR_RETURN(kernels::AttentionKernel attention, ParseAttention(o.attention));
+  std::unique_ptr<CpuEngine> e(new CpuEngine());
+  e->opt_ = o;
+  e->weight_version_ = o.weight_version;
+  e->weight_storage_ = parts.weight_storage;
+  e->pool_ = std::make_unique<kernels::ThreadPool>(o.threads);
+  const ModelConfig& c = parts.weights->config;
+  if (parts.tokenizer != nullptr && parts.tokenizer->vocab_size() != c.vocab_size) {
+    return Status::InvalidArgument("tokenizer has " + std::to_string(parts.tokenizer->vocab_size()) +
+                                   " tokens, model expects " + std::to_string(c.vocab_size));
+  }
+  e->tokenizer_ = std::move(parts.tokenizer);
+  TransformerOptions topt;
+  topt.isa = isa;
+  topt.attention = attention;
+  topt.pool = e->pool_.get();
+  topt.weight_storage = parts.weight_storage;
+  topt.matmul_override = parts.matmul_override;
+  e->info_.name = parts.weights->source;
+  e->info_.vocab_size = c.vocab_size;
+  e->info_.max_seq_len = c.max_seq_len;
+  e->info_.bos_id = c.bos_id;
+  e->info_.eos_id = c.eos_id;
+  e->info_.fingerprint.weights_hash = parts.weights->weights_hash;
+  e->info_.fingerprint.kernel_version = kernels::kKernelVersion;
+  e->info_.fingerprint.attention_chunk = kernels::kAttentionChunk;
+  e->info_.fingerprint.backend = parts.weight_storage == kernels::DType::kBF16 ? "cpu-bf16" : "cpu";
+  BR_ASSIGN_OR_RETURN(e->transformer_, Transformer::Create(std::move(parts.weights), topt));
+
+  KvCacheOptions kv;
+  kv.n_layers = c.n_layers;
+  kv.n_kv_heads = c.n_kv_heads;
+  kv.head_dim = c.head_dim();
+  kv.block_size = 16;
+  const int64_t per_seq = (c.max_seq_len + kv.block_size - 1) / kv.block_size;
+  kv.num_blocks = o.kv_cache_bytes / KvCache::BlockBytes(kv);
+  if (kv.num_blocks < per_seq) {
+    return Status::InvalidArgument(
+        "engine: kv_cache_bytes " + std::to_string(o.kv_cache_bytes) +
+        " holds fewer blocks than one full-context sequence needs (" + std::to_string(per_seq) +
+        " blocks of " + std::to_string(KvCache::BlockBytes(kv)) + " bytes)");
+  }
+  BR_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(kv));
+  SchedulerOptions so;
+  so.max_step_tokens = o.max_step_tokens;
+  so.max_running = o.max_running;
+  e->scheduler_ = std::make_unique<Scheduler>(so);
+  e->sampler_ = std::make_unique<Sampler>(isa);
+  return e;
+}
+
+Status CpuEngine::Add(SequenceRequest r) {
+  const int32_t vocab = info_.vocab_size;
+  if (r.prompt.empty()) return Status::InvalidArgument("sequence " + std::to_string(r.id) + ": empty prompt");
+  if (live_.count(r.id) != 0) {
+    return Status::InvalidArgument("sequence " + std::to_string(r.id) + " is already live");
+  }
+  for (const auto* list : {&r.prompt, &r.forced}) {
+    for (int32_t t : *list) {
+      if (t < 0 || t >= vocab) {
+        return Status::OutOfRange("sequence " + std::to_string(r.id) + ": token id " +
+                                  std::to_string(t) + " outside the vocabulary [0, " +
+                                  std::to_string(vocab) + ")");
+      }
+    }
+  }
+  const int64_t known = static_cast<int64_t>(r.prompt.size() + r.forced.size());
+  if (known > info_.max_seq_len) {
+    return Status::OutOfRange("sequence " + std::to_string(r.id) + ": " + std::to_string(known) +
+                              " tokens exceed the model context of " +
+                              std::to_string(info_.max_seq_len));
+  }
+  if (r.stop.max_tokens < 1 || r.stop.max_tokens < static_cast<int64_t>(r.forced.size())) {
+    return Status::InvalidArgument("sequence " + std::to_string(r.id) + ": max_tokens " +
+                                   std::to_string(r.stop.max_tokens) +
+                                   " must be >= 1 and >= the forced tokens");
+  }
+  BR_RETURN_IF_ERROR(ValidateSamplingParams(r.sampling));
+  auto s = std::make_unique<Sequence>();
+  s->tokens = r.prompt;
+  s->tokens.insert(s->tokens.end(), r.forced.begin(), r.forced.end());
+  s->n_prompt = static_cast<int32_t>(r.prompt.size());
+  s->n_known = static_cast<int32_t>(s->tokens.size());
+  s->arrival = arrivals_++;
+  s->versions.push_back({0, weight_version_});
+  s->req = std::move(r);
+  const uint64_t id = s->req.id;
+  live_.emplace(id, std::move(s));
+  return Status::Ok();
+}
+
+Status CpuEngine::Abort(uint64_t id) {
+  auto it = live_.find(id);
+  if (it == live_.end()) return Status::NotFound("sequence " + std::to_string(id) + " is not live");
+  Finish(it->second.get(), FinishReason::kAborted);
+  return Status::Ok();
+}
+
+void CpuEngine::Finish(Sequence* s, FinishReason reason) {
+  s->finish = reason;
+  Scheduler::ReleaseBlocks(s, cache_.get());
+  auto it = live_.find(s->req.id);
+  done_.push_back(std::move(it->second));
+  live_.erase(it);
+}
+
+void CpuEngine::Consume(Sequence* s, int32_t position, const float* logits, StepResult* out) {
+  const int32_t next = position + 1;
+  const int32_t vocab = info_.vocab_size;
+  int32_t token;
+  float logprob;
+  bool sampled;
+  if (next < static_cast<int32_t>(s->tokens.size())) {  // a forced token: score it
+    token = s->tokens[next];
+    logprob = sampler_->LogProb(logits, vocab, s->req.sampling, token);
+    sampled = false;
+  } else {
+    const SampleResult r =
+        sampler_->Sample(logits, vocab, s->req.sampling, s->req.sample_index, next);
+    token = r.token;
+    logprob = r.logprob;
+    sampled = true;
+    s->tokens.push_back(token);
+  }
+  s->logprobs.push_back(logprob);
+  if (s->versions.back().version != weight_version_) {
+    s->versions.push_back({static_cast<int32_t>(s->logprobs.size()) - 1, weight_version_});
+  }
+  out->tokens.push_back({s->req.id, next, token, logprob, weight_version_});
+
+  // Stop conditions, checked once every known token is scored.
+  if (static_cast<int32_t>(s->logprobs.size()) < s->n_known - s->n_prompt) return;
+  const StopParams& stop = s->req.stop;
+  if (sampled) {
+    if ((stop.stop_at_eos && token == info_.eos_id) || (stop.stop_at_bos && token == info_.bos_id)) {
+      Finish(s, FinishReason::kEos);
+      return;
+    }
+    if (std::find(stop.stop_ids.begin(), stop.stop_ids.end(), token) != stop.stop_ids.end()) {
+      Finish(s, FinishReason::kStop);
+      return;
+    }
+  }
+  if (s->generated() >= stop.max_tokens || static_cast<int32_t>(s->tokens.size()) >= info_.max_seq_len) {
+    Finish(s, FinishReason::kLength);
+  }
+}
+
+Result<StepResult> CpuEngine::Step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepResult out;
+  std::vector<Sequence*> live;
+  live.reserve(live_.size());
+  for (auto& [id, s] : live_) live.push_back(s.get());
+  const std::vector<ScheduledChunk> chunks = scheduler_->Plan(live, cache_.get());
+
+  rows_.clear();
+  int64_t n_logits = 0;
+  for (const ScheduledChunk& c : chunks) {
+    for (int32_t p = c.begin; p < c.begin + c.count; ++p) {
+      ForwardRow r;
+      r.token = c.seq->tokens[p];
+      r.position = p;
+      r.block_table = c.seq->blocks.data();
+      r.want_logits = c.seq->WantsLogits(p);
+      n_logits += r.want_logits ? 1 : 0;
+      rows_.push_back(r);
+    }
+  }
+  if (!rows_.empty()) {
+    logits_.resize(static_cast<size_t>(n_logits * info_.vocab_size));
+    BR_RETURN_IF_ERROR(transformer_->Forward(rows_, cache_.get(), logits_.data()));
+  }
+  // Consume logits in row order; account costs.
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t li = 0;
+  size_t row = 0;
+  for (const ScheduledChunk& c : chunks) {
+    Sequence* s = c.seq;
+    const int32_t end = c.begin + c.count;
+    for (int32_t p = c.begin; p < end; ++p, ++row) {
+      const bool decode = p >= s->n_known && p >= s->high_water && c.count == 1;
+      if (decode) {
+        ++s->cost.decode_tokens;
+        ++totals_.decode_tokens;
+      } else {
+        ++s->cost.prefill_tokens_computed;
+        ++totals_.prefill_tokens_computed;
+      }
+    }
+    s->cost.engine_seconds += seconds * c.count / static_cast<double>(rows_.size());
+    s->n_cached = end;
+    s->high_water = std::max(s->high_water, end);
+  }
+  row = 0;
+  for (const ScheduledChunk& c : chunks) {
+    Sequence* s = c.seq;
+    for (int32_t p = c.begin; p < c.begin + c.count; ++p, ++row) {
+      if (!rows_[row].want_logits) continue;
+      const float* logits = logits_.data() + li * info_.vocab_size;
+      ++li;
+      if (s->finish == FinishReason::kNone) Consume(s, p, logits, &out);
+    }
+  }
+  out.tokens_processed = static_cast<int64_t>(rows_.size());
+  ++totals_.steps;
+  for (auto& s : done_) {
+    SequenceOutput o;
+    o.id = s->req.id;
+    o.tokens.assign(s->tokens.begin() + s->n_prompt, s->tokens.end());
+    o.logprobs = std::move(s->logprobs);
+    o.tokens.resize(o.logprobs.size());  // an aborted sequence may hold unscored forced tokens
+    o.finish = s->finish;
+    o.error = s->error;
+    o.cost = s->cost;
+    o.versions = std::move(s->versions);
+    out.finished.push_back(std::move(o));
+  }
+  done_.clear();
+  std::sort(out.finished.begin(), out.finished.end(),
+            [](const SequenceOutput& a, const SequenceOutput& b) { return a.id < b.id; });
+  std::stable_sort(out.tokens.begin(), out.tokens.end(),
+                   [](const TokenEvent& a, const TokenEvent& b) { return a.id < b.id; });
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+EngineStats CpuEngine::stats() const {
+  EngineStats s = totals_;
+  for (const auto& [id, q] : live_) (q->running ? s.running : s.waiting)++;
+  s.kv_blocks_total = cache_->num_blocks();
+  s.kv_blocks_free = cache_->free_blocks();
+  return s;
+}
+
+Status CpuEngine::UpdateWeights(const std::string& path, uint64_t version) {
+  BR_ASSIGN_OR_RETURN(ModelWeights w, LoadModelWeights(path));
+  const ModelConfig& a = transformer_->config();
+  const ModelConfig& b = w.config;
+  if (a.dim != b.dim || a.hidden_dim != b.hidden_dim || a.n_layers != b.n_layers ||
+      a.n_heads != b.n_heads || a.n_kv_heads != b.n_kv_heads || a.vocab_size != b.vocab_size ||
+      a.max_seq_len != b.max_seq_len) {
+    return Status::InvalidArgument("update weights: " + path + " has a different shape");
+  }
+  TransformerOptions topt = transformer_->options();
+  const uint64_t hash = w.weights_hash;
+  BR_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> t,
+                      Transformer::Create(std::make_shared<const ModelWeights>(std::move(w)), topt));
+  // Cached K/V were computed by the old weights; running sequences are recomputed from their
+  // tokens under the new ones.
+  for (auto& [id, s] : live_) Scheduler::ReleaseBlocks(s.get(), cache_.get());
+  transformer_ = std::move(t);
+  weight_version_ = version;
+  info_.fingerprint.weights_hash = hash;
+  return Status::Ok();
+}
+
+}  // namespace bitroll::engine

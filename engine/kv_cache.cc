@@ -1,0 +1,72 @@
+#include "engine/kv_cache.h"
+
+#include <new>
+#include <string>
+
+#include "kernels/cpu/attention.h"
+
+namespace bitroll::engine {
+
+int64_t KvCache::BlockBytes(const KvCacheOptions& o) {
+  return int64_t{2} * o.n_layers * o.n_kv_heads * o.head_dim * o.block_size * 4;
+}
+
+Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o) {
+  if (o.n_layers <= 0 || o.n_kv_heads <= 0 || o.head_dim <= 0 || o.num_blocks <= 0 ||
+      o.num_blocks > (int64_t{1} << 30)) {
+    return Status::InvalidArgument("kv cache: bad shape (layers " + std::to_string(o.n_layers) +
+                                   ", kv heads " + std::to_string(o.n_kv_heads) + ", head_dim " +
+                                   std::to_string(o.head_dim) + ", blocks " +
+                                   std::to_string(o.num_blocks) + ")");
+  }
+  if (o.block_size <= 0 || o.block_size % kernels::kAttentionChunk != 0) {
+    return Status::InvalidArgument("kv cache: block_size " + std::to_string(o.block_size) +
+                                   " is not a positive multiple of the attention chunk " +
+                                   std::to_string(kernels::kAttentionChunk));
+  }
+  std::unique_ptr<KvCache> c(new KvCache(o));
+  c->layer_stride_ = o.num_blocks * o.n_kv_heads * o.head_dim * o.block_size;
+  try {
+    // Zero-filled: slots beyond a sequence's length are never read as values, but the SIMD score
+    // loop loads whole chunks, so they must hold finite numbers.
+    c->k_.assign(static_cast<size_t>(c->layer_stride_ * o.n_layers), 0.0f);
+    c->v_.assign(static_cast<size_t>(c->layer_stride_ * o.n_layers), 0.0f);
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted("kv cache: cannot allocate " +
+                                     std::to_string(BlockBytes(o) * o.num_blocks) + " bytes");
+  }
+  c->refs_.assign(static_cast<size_t>(o.num_blocks), 0);
+  c->free_.reserve(static_cast<size_t>(o.num_blocks));
+  for (int64_t b = o.num_blocks - 1; b >= 0; --b) c->free_.push_back(static_cast<int32_t>(b));
+  return c;
+}
+
+Result<int32_t> KvCache::Allocate() {
+  if (free_.empty()) return Status::ResourceExhausted("kv cache: no free block");
+  const int32_t b = free_.back();
+  free_.pop_back();
+  refs_[b] = 1;
+  return b;
+}
+
+void KvCache::Retain(int32_t block) { ++refs_[block]; }
+
+void KvCache::Release(int32_t block) {
+  if (--refs_[block] == 0) free_.push_back(block);
+}
+
+void KvCache::Write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
+  const int32_t hd = opt_.head_dim;
+  const int32_t bs = opt_.block_size;
+  const int64_t base = layer * layer_stride_ + int64_t{block} * opt_.n_kv_heads * hd * bs;
+  for (int32_t h = 0; h < opt_.n_kv_heads; ++h) {
+    float* kb = k_.data() + base + int64_t{h} * hd * bs;  // [head_dim][block_size]
+    float* vb = v_.data() + base + int64_t{h} * hd * bs;  // [block_size][head_dim]
+    for (int32_t d = 0; d < hd; ++d) {
+      kb[d * bs + slot] = k[h * hd + d];
+      vb[slot * hd + d] = v[h * hd + d];
+    }
+  }
+}
+
+}  // namespace bitroll::engine

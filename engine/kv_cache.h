@@ -1,0 +1,69 @@
+// engine/kv_cache.h: the block-paged KV cache.
+//
+// Memory is a pool of fixed-size blocks of `block_size` token slots per layer, in the layout the
+// attention kernel reads (kernels/cpu/attention.h):
+//   K [layer][block][kv_head][head_dim][block_size]   V [layer][block][kv_head][block_size][head_dim]
+// A sequence owns a block table (block ids in position order). Blocks are reference counted so
+// that sequences can share the blocks of a common prefix; a block returns to the free list when its
+// last reference is released.
+//
+// Invariance: where a token's K/V lives (which block id) never changes a bit; attention reads keys
+// through the block table in position order.
+//
+// Thread-safety: not thread-safe; owned by one engine. Write() calls for distinct slots may run in
+// parallel.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "schema/status.h"
+
+namespace bitroll::engine {
+
+struct KvCacheOptions {
+  int32_t n_layers = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 16;  // a multiple of kernels::kAttentionChunk
+  int64_t num_blocks = 0;   // >= 1
+};
+
+class KvCache {
+ public:
+  // Errors: kInvalidArgument for bad sizes, kResourceExhausted when the memory can't be had.
+  static Result<std::unique_ptr<KvCache>> Create(const KvCacheOptions& options);
+  // Bytes of one block across all layers (K and V).
+  static int64_t BlockBytes(const KvCacheOptions& options);
+
+  int32_t block_size() const { return opt_.block_size; }
+  int64_t num_blocks() const { return opt_.num_blocks; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int64_t bytes() const { return static_cast<int64_t>(k_.size() + v_.size()) * 4; }
+
+  // A free block with reference count 1, or kResourceExhausted.
+  Result<int32_t> Allocate();
+  void Retain(int32_t block);
+  // Drops one reference; at zero the block is free again.
+  void Release(int32_t block);
+  int32_t RefCount(int32_t block) const { return refs_[block]; }
+
+  // This layer's pools, as the attention kernel wants them.
+  const float* k_layer(int32_t layer) const { return k_.data() + layer * layer_stride_; }
+  const float* v_layer(int32_t layer) const { return v_.data() + layer * layer_stride_; }
+  // Stores one token's k and v (each n_kv_heads * head_dim floats) at `slot` of `block`.
+  void Write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v);
+
+ private:
+  explicit KvCache(const KvCacheOptions& options) : opt_(options) {}
+
+  KvCacheOptions opt_;
+  int64_t layer_stride_ = 0;  // floats per layer in each pool
+  std::vector<float> k_;
+  std::vector<float> v_;
+  std::vector<int32_t> refs_;
+  std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
+};
+
+}  // namespace bitroll::engine

@@ -1,0 +1,41 @@
+// engine/sequence.h: the engine's per-sequence state (internal to engine/).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace bitroll::engine {
+
+struct Sequence {
+  SequenceRequest req;
+  std::vector<int32_t> tokens;    // prompt, then forced, then sampled tokens
+  std::vector<float> logprobs;    // one per token after the prompt that has been scored
+  int32_t n_prompt = 0;
+  int32_t n_known = 0;            // prompt + forced: tokens not sampled by this engine
+  std::vector<int32_t> blocks;    // KV block table, position order
+  int32_t n_cached = 0;           // positions [0, n_cached) have K/V in the cache
+  int32_t high_water = 0;         // the largest n_cached ever reached (recompute detection)
+  uint64_t arrival = 0;           // admission order, for fairness among equal priorities
+  bool running = false;           // holds KV blocks
+  FinishReason finish = FinishReason::kNone;
+  Status error;
+  SequenceCost cost;
+  std::vector<SequenceOutput::VersionSpan> versions;
+
+  // Rows still to run through the model before the next token can be chosen.
+  int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_cached; }
+  int32_t generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
+  // True when the row at `position` must produce logits.
+  bool WantsLogits(int32_t position) const {
+    const int32_t next = position + 1;
+    if (next < n_prompt) return false;
+    if (next < static_cast<int32_t>(tokens.size())) {
+      return next - n_prompt >= static_cast<int32_t>(logprobs.size());  // a forced token to score
+    }
+    return true;  // choose the next token
+  }
+};
+
+}  // namespace bitroll::engine

@@ -1,0 +1,113 @@
+// engine/transformer.h: the Llama-family forward pass over a flat batch of tokens.
+//
+// A batch is a list of rows; each row is one token of some sequence at an absolute position, with
+// that sequence's block table. Rows from many sequences, prefill chunks and decode tokens mix
+// freely. Each row's K/V is written to the KV cache before attention reads it, so a prefill chunk
+// sees its own earlier tokens.
+//
+// Invariance: every row's hidden state, K/V and logits are a pure function of the row's own token,
+// position and the K/V of its sequence's earlier positions. Matmuls reduce each output in one fixed
+// order; attention uses the canonical chunk order; row ops reduce in lane order. Batch size,
+// batch composition, row order, thread count, ISA and attention kernel never change a bit.
+//
+// Shapes (llama2.c / HF conventions, per row):
+//   x    [dim]                      residual stream
+//   qkv  [dim + 2 * kv_dim]         q | k | v from one fused matmul
+//   att  [n_heads * head_dim]
+//   h13  [2 * hidden]               w1 (gate) | w3 (up) from one fused matmul
+//   hb   [hidden]                   SwiGLU(gate, up)
+//   logits [vocab]                  only for rows that ask for them
+//
+// Thread-safety: not thread-safe (scratch buffers); one per engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/model_weights.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+#include "schema/status.h"
+
+namespace bitroll::engine {
+
+struct TransformerOptions {
+  kernels::Isa isa = kernels::Isa::kScalar;
+  kernels::AttentionKernel attention = kernels::AttentionKernel::kAuto;
+  kernels::ThreadPool* pool = nullptr;  // not owned; nullptr runs on the calling thread
+  // Weight storage for the matmuls. kBF16 halves the bytes per token; from fp32 weights it rounds
+  // them, which changes the model (and its fingerprint).
+  kernels::DType weight_storage = kernels::DType::kF32;
+  // Test seam: replaces kernels::Matmul. The invariance suite's negative control plugs a
+  // deliberately batch-variant matmul in here to show the suite catches it. nullptr in production.
+  void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&, kernels::ThreadPool*) = nullptr;
+};
+
+struct ForwardRow {
+  int32_t token = 0;
+  int32_t position = 0;
+  const int32_t* block_table = nullptr;  // the row's sequence; covers position
+  bool want_logits = false;
+};
+
+class Transformer {
+ public:
+  // Packs the weights for the kernels. `weights` must outlive the Transformer (norm vectors and the
+  // embedding table are read in place).
+  static Result<std::unique_ptr<Transformer>> Create(std::shared_ptr<const ModelWeights> weights,
+                                                     const TransformerOptions& options);
+
+  const ModelConfig& config() const { return w_->config; }
+  const ModelWeights& weights() const { return *w_; }
+  const TransformerOptions& options() const { return opt_; }
+  void set_attention_kernel(kernels::AttentionKernel k) { opt_.attention = k; }
+
+  // Runs `rows` through the model. Writes each row's K/V into `cache`, then the logits of the rows
+  // with want_logits, in row order, to `logits` ([count][vocab]).
+  // REQUIRES: the block tables cover every position; earlier positions of each sequence are cached.
+  // Errors: kOutOfRange for a token id outside the vocabulary or a position past max_seq_len.
+  Status Forward(std::span<const ForwardRow> rows, KvCache* cache, float* logits);
+
+ private:
+  struct Layer {  // matrices are set once by Create()
+    std::optional<kernels::PackedMatrix> wqkv;
+    std::optional<kernels::PackedMatrix> wo;
+    std::optional<kernels::PackedMatrix> w13;
+    std::optional<kernels::PackedMatrix> w2;
+    std::vector<float> bqkv;  // empty unless the model has q/k/v biases
+    std::vector<float> attn_norm;
+    std::vector<float> ffn_norm;
+  };
+
+  Transformer() = default;
+  void EnsureScratch(int64_t rows);
+  void RowOp(int64_t rows, const std::function<void(int64_t)>& fn);
+  void RunMatmul(const kernels::MatmulParams& p);
+
+  std::shared_ptr<const ModelWeights> w_;
+  TransformerOptions opt_;
+  std::vector<Layer> layers_;
+  std::optional<kernels::PackedMatrix> classifier_;
+  std::vector<float> final_norm_;
+  std::vector<float> rope_cos_;  // [max_seq_len][head_dim / 2]
+  std::vector<float> rope_sin_;
+  kernels::AttentionScratch attn_scratch_;
+
+  // Scratch, grown to the largest batch seen.
+  int64_t capacity_ = 0;
+  std::vector<float> x_, xb_, qkv_, q_, att_, tmp_, h13_, hb_;
+  std::vector<int32_t> positions_;
+  std::vector<const int32_t*> tables_;
+};
+
+// Converts a weight tensor of any supported dtype to fp32 (norm vectors, embedding rows).
+void TensorRowToF32(const Tensor& t, int64_t row, int64_t row_len, float* out);
+
+}  // namespace bitroll::engine

@@ -1,0 +1,98 @@
+// Causal attention over a block-paged KV cache: one canonical order, two kernels.
+//
+// The canonical order (DESIGN.md, "Attention: one canonical order, two kernels"):
+//   The keys 0..t of query t are cut into chunks of kAttentionChunk keys anchored at position 0.
+//   Each chunk c yields a partial (m_c, l_c, o_c):
+//     s_j  = (sum_d q[d] * K[j][d]) * scale   one fma chain over d = 0..head_dim-1, then one multiply
+//     m_c  = max_j s_j                        exact (max does not round)
+//     p_j  = Exp(s_j - m_c)                   the project's own exp (kernels/cpu/math.h)
+//     l_c  = lane-tree sum of p_j             lane j holds p_j (0 beyond the causal edge), then
+//                                             for w in 8,4,2,1: lane[i] = lane[i] + lane[i+w]
+//     o_c[d] = fma chain over j in order      acc = fmaf(p_j, V[j][d], acc), acc starting at 0
+//   Partials are merged strictly left to right (MergePartial): the running state starts as chunk 0's
+//   partial and absorbs chunk 1, 2, ... The output is o[d] / l.
+//
+// Kernels:
+//   kSingle: one worker walks all chunks of a (token, head) item and merges as it goes.
+//   kSplit:  the chunks of one item are spread over several workers; each writes its chunks'
+//            partials, and one worker merges them in the same left-to-right order.
+// Both call the same per-chunk function and the same merge, so their results are bit-identical by
+// construction. kAuto picks per item by load: items in the tail of the last wave (fewer items than
+// workers) are split; the rest run single-worker. Which kernel runs never changes a bit.
+//
+// ISA: the scalar, AVX2 and AVX-512 versions of the per-chunk code perform the same operations in
+// the same order, so every ISA gives the same bits.
+//
+// KV cache layout, one pool per layer (block_size keys per block, a multiple of kAttentionChunk):
+//   K pool [num_blocks][n_kv_heads][head_dim][block_size]   keys of a block are contiguous per d
+//   V pool [num_blocks][n_kv_heads][block_size][head_dim]
+// REQUIRES: the K/V of every key 0..position[t] were written before Attention() is called
+// (new K/V are written to the cache before attention reads them).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace bitroll::kernels {
+
+// S: the attention chunk, part of the numerics fingerprint. Changing it changes bits.
+inline constexpr int32_t kAttentionChunk = 16;
+// Bumped whenever any kernel's canonical order changes; part of the numerics fingerprint.
+inline constexpr uint32_t kKernelVersion = 1;
+
+enum class AttentionKernel : uint8_t { kAuto = 0, kSingle = 1, kSplit = 2 };
+const char* AttentionKernelName(AttentionKernel k);
+
+struct AttentionParams {
+  int32_t n_tokens = 0;     // query rows in this call
+  int32_t n_heads = 0;      // query heads
+  int32_t n_kv_heads = 0;   // REQUIRES n_heads % n_kv_heads == 0 (GQA)
+  int32_t head_dim = 0;     // REQUIRES 1 <= head_dim <= 256
+  int32_t block_size = 0;   // REQUIRES block_size % kAttentionChunk == 0
+  const float* q = nullptr;            // [n_tokens][n_heads][head_dim], RoPE applied
+  float* out = nullptr;                // [n_tokens][n_heads][head_dim]
+  const float* k_cache = nullptr;      // this layer's K pool (layout above)
+  const float* v_cache = nullptr;      // this layer's V pool
+  const int32_t* positions = nullptr;  // [n_tokens]; query t attends to keys 0..positions[t]
+  const int32_t* const* block_tables = nullptr;  // [n_tokens] -> block ids of the token's sequence
+  float scale = 1.0f;                  // usually 1/sqrt(head_dim)
+};
+
+// One chunk's partial for one (token, head): running max, sum of exponentials, value accumulator.
+struct AttentionPartial {
+  float m;
+  float l;
+  float o[256];
+};
+
+// Reusable scratch for the split kernel. Not thread-safe; one per engine.
+class AttentionScratch {
+ public:
+  std::vector<AttentionPartial> partials;
+};
+
+// Runs attention for every (token, head). `pool` may be nullptr (one worker).
+void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, ThreadPool* pool,
+               AttentionScratch* scratch);
+
+// The readable reference: one worker, scalar, chunk by chunk. Same bits as Attention().
+void AttentionReference(const AttentionParams& p);
+
+// ---- building blocks shared by every kernel and ISA (exposed for tests) ----
+
+// Computes the partial of chunk `chunk` for query vector q (head_dim floats) against kv head `kvh`
+// of a sequence with block table `blocks`, for a query at `position`.
+// REQUIRES chunk * kAttentionChunk <= position.
+void ChunkPartial(Isa isa, const AttentionParams& p, const float* q, int32_t kvh,
+                  const int32_t* blocks, int32_t position, int32_t chunk, AttentionPartial* out);
+
+// acc <- merge(acc, c), the one left-to-right merge rule.
+void MergePartial(Isa isa, int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c);
+
+// out[d] = acc.o[d] / acc.l
+void FinishPartial(Isa isa, int32_t head_dim, const AttentionPartial& acc, float* out);
+
+}  // namespace bitroll::kernels

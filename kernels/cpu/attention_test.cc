@@ -1,0 +1,220 @@
+// Attention: single-worker and split-tail kernels, every ISA and thread count, give the reference's
+// bits; the result is correct; and a merge in another order is caught (negative control).
+#include "kernels/cpu/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace bitroll::kernels {
+namespace {
+
+struct Case {
+  int32_t n_heads, n_kv_heads, head_dim, block_size;
+  std::vector<int32_t> positions;  // one query row per entry, each its own sequence
+};
+
+// A KV pool filled with random values, block tables that scatter each sequence's blocks.
+struct Fixture {
+  Case c;
+  std::vector<float> q, k, v;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<const int32_t*> table_ptrs;
+  AttentionParams p;
+
+  explicit Fixture(const Case& cs, uint32_t seed) : c(cs) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int32_t n = static_cast<int32_t>(c.positions.size());
+    int32_t total_blocks = 0;
+    for (int32_t pos : c.positions) total_blocks += pos / c.block_size + 1;
+    std::vector<int32_t> ids(total_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    int32_t next = 0;
+    for (int32_t pos : c.positions) {
+      std::vector<int32_t> t;
+      for (int32_t b = 0; b <= pos / c.block_size; ++b) t.push_back(ids[next++]);
+      tables.push_back(t);
+    }
+    for (auto& t : tables) table_ptrs.push_back(t.data());
+    const int64_t pool = int64_t{total_blocks} * c.n_kv_heads * c.head_dim * c.block_size;
+    k.resize(pool);
+    v.resize(pool);
+    for (float& x : k) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    q.resize(int64_t{n} * c.n_heads * c.head_dim);
+    for (float& x : q) x = nd(rng) * 2.0f;
+    p.n_tokens = n;
+    p.n_heads = c.n_heads;
+    p.n_kv_heads = c.n_kv_heads;
+    p.head_dim = c.head_dim;
+    p.block_size = c.block_size;
+    p.q = q.data();
+    p.k_cache = k.data();
+    p.v_cache = v.data();
+    p.positions = c.positions.data();
+    p.block_tables = table_ptrs.data();
+    p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  }
+
+  std::vector<float> Run(Isa isa, AttentionKernel kernel, ThreadPool* pool) {
+    std::vector<float> out(q.size(), -1.0f);
+    AttentionParams pp = p;
+    pp.out = out.data();
+    AttentionScratch scratch;
+    Attention(isa, pp, kernel, pool, &scratch);
+    return out;
+  }
+  std::vector<float> Reference() {
+    std::vector<float> out(q.size(), -1.0f);
+    AttentionParams pp = p;
+    pp.out = out.data();
+    AttentionReference(pp);
+    return out;
+  }
+  // Naive attention in double precision: the truth for the accuracy check.
+  std::vector<double> Naive() {
+    std::vector<double> out(q.size());
+    for (size_t t = 0; t < c.positions.size(); ++t) {
+      for (int32_t h = 0; h < c.n_heads; ++h) {
+        const int32_t kvh = h / (c.n_heads / c.n_kv_heads);
+        const float* qv = q.data() + (t * c.n_heads + h) * c.head_dim;
+        std::vector<double> s(c.positions[t] + 1);
+        for (int32_t j = 0; j <= c.positions[t]; ++j) {
+          const int64_t blk = tables[t][j / c.block_size], slot = j % c.block_size;
+          const float* kb = k.data() + (blk * c.n_kv_heads + kvh) * c.head_dim * c.block_size;
+          double acc = 0;
+          for (int32_t d = 0; d < c.head_dim; ++d) acc += double(qv[d]) * kb[d * c.block_size + slot];
+          s[j] = acc / std::sqrt(double(c.head_dim));
+        }
+        const double m = *std::max_element(s.begin(), s.end());
+        double l = 0;
+        for (double& x : s) l += (x = std::exp(x - m));
+        for (int32_t d = 0; d < c.head_dim; ++d) {
+          double acc = 0;
+          for (int32_t j = 0; j <= c.positions[t]; ++j) {
+            const int64_t blk = tables[t][j / c.block_size], slot = j % c.block_size;
+            const float* vb = v.data() + (blk * c.n_kv_heads + kvh) * c.head_dim * c.block_size;
+            acc += s[j] * vb[slot * c.head_dim + d];
+          }
+          out[(t * c.n_heads + h) * c.head_dim + d] = acc / l;
+        }
+      }
+    }
+    return out;
+  }
+};
+
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (IsaSupported(isa)) {
+      isas.push_back(isa);
+    } else {
+      std::cerr << "*** attention_test: this CPU lacks " << IsaName(isa)
+                << "; that path is NOT tested here ***\n";
+    }
+  }
+  return isas;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+const std::vector<Case>& Cases() {
+  static const std::vector<Case> cases = {
+      {8, 4, 8, 16, {0, 1, 15, 16, 17, 40, 100, 255}},       // stories260K shape
+      {12, 12, 64, 16, {3, 31, 32, 33, 200, 511}},           // stories110m shape
+      {4, 1, 80, 32, {0, 47, 48, 63, 64, 130}},              // head_dim not a multiple of 16
+      {2, 2, 3, 16, {5, 16, 70}},                            // odd head_dim
+  };
+  return cases;
+}
+
+TEST(Attention, EveryKernelIsaAndThreadCountGivesTheReferenceBits) {
+  uint32_t seed = 1;
+  for (const Case& c : Cases()) {
+    Fixture f(c, seed++);
+    const std::vector<float> ref = f.Reference();
+    for (Isa isa : SupportedIsas()) {
+      for (int threads : {1, 2, 3, 4}) {
+        ThreadPool pool(threads);
+        for (AttentionKernel k :
+             {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
+          EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+              << "isa " << IsaName(isa) << " threads " << threads << " kernel "
+              << AttentionKernelName(k) << " head_dim " << c.head_dim;
+        }
+      }
+      EXPECT_TRUE(SameBits(ref, f.Run(isa, AttentionKernel::kSplit, nullptr)));
+    }
+  }
+}
+
+TEST(Attention, ResultDoesNotDependOnOtherRowsInTheCall) {
+  Case c = Cases()[1];
+  Fixture all(c, 7);
+  const std::vector<float> together = all.Run(BestIsa(), AttentionKernel::kAuto, nullptr);
+  const int64_t row = int64_t{c.n_heads} * c.head_dim;
+  for (size_t t = 0; t < c.positions.size(); ++t) {
+    AttentionParams p = all.p;
+    p.n_tokens = 1;
+    p.q = all.q.data() + t * row;
+    p.positions = &c.positions[t];
+    p.block_tables = &all.table_ptrs[t];
+    std::vector<float> out(row);
+    p.out = out.data();
+    ThreadPool pool(3);
+    Attention(BestIsa(), p, AttentionKernel::kAuto, &pool, nullptr);
+    EXPECT_EQ(0, std::memcmp(out.data(), together.data() + t * row, row * sizeof(float))) << t;
+  }
+}
+
+TEST(Attention, MatchesDoublePrecisionAttention) {
+  uint32_t seed = 11;
+  for (const Case& c : Cases()) {
+    Fixture f(c, seed++);
+    const std::vector<float> got = f.Run(BestIsa(), AttentionKernel::kAuto, nullptr);
+    const std::vector<double> want = f.Naive();
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 2e-5 * (1.0 + std::fabs(want[i]))) << i;
+    }
+  }
+}
+
+// Negative control: the same partials merged as a balanced tree (a natural "parallel" merge)
+// instead of strictly left to right. The memcmp checks above must be able to see the difference.
+TEST(Attention, NegativeControlTreeMergeChangesBits) {
+  Case c{12, 12, 64, 16, {511, 400, 300}};
+  Fixture f(c, 5);
+  const std::vector<float> ref = f.Reference();
+  std::vector<float> tree(ref.size());
+  for (size_t t = 0; t < c.positions.size(); ++t) {
+    for (int32_t h = 0; h < c.n_heads; ++h) {
+      const int32_t n = c.positions[t] / kAttentionChunk + 1;
+      std::vector<AttentionPartial> parts(n);
+      for (int32_t ch = 0; ch < n; ++ch) {
+        ChunkPartial(Isa::kScalar, f.p, f.q.data() + (t * c.n_heads + h) * c.head_dim, h,
+                     f.table_ptrs[t], c.positions[t], ch, &parts[ch]);
+      }
+      for (int32_t w = 1; w < n; w *= 2) {
+        for (int32_t i = 0; i + w < n; i += 2 * w) MergePartial(Isa::kScalar, c.head_dim, &parts[i], parts[i + w]);
+      }
+      FinishPartial(Isa::kScalar, c.head_dim, parts[0], tree.data() + (t * c.n_heads + h) * c.head_dim);
+    }
+  }
+  EXPECT_FALSE(SameBits(ref, tree)) << "a tree-ordered merge should not reproduce the canonical bits";
+  // ... while still being a correct attention (it is only the order that differs).
+  const std::vector<double> want = f.Naive();
+  for (size_t i = 0; i < tree.size(); ++i) ASSERT_NEAR(tree[i], want[i], 2e-5 * (1 + std::fabs(want[i])));
+}
+
+}  // namespace
+}  // namespace bitroll::kernels

@@ -1,0 +1,106 @@
+#include "tests/engine_test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <random>
+
+#include "engine/loaders/llama2c.h"
+#include "engine/tokenizers/llama2c_tokenizer.h"
+
+namespace bitroll::testing_util {
+
+std::string ModelsDir() {
+  const char* env = std::getenv("BITROLL_MODELS_DIR");
+  return env != nullptr && *env != '\0' ? env : BITROLL_MODELS_DIR;
+}
+
+std::shared_ptr<const engine::ModelWeights> Stories260K() {
+  static std::mutex mu;
+  static std::shared_ptr<const engine::ModelWeights> cached;
+  std::lock_guard<std::mutex> lock(mu);
+  if (cached == nullptr) {
+    const std::string path = ModelsDir() + "/stories260K.bin";
+    Result<engine::ModelWeights> w = engine::LoadLlama2c(path);
+    if (!w.ok()) {
+      ADD_FAILURE() << "cannot load the test model " << path << ": " << w.status().ToString()
+                    << "\n(stories260K.bin comes from the llama2.c 'tinyllamas' release; set "
+                       "BITROLL_MODELS_DIR to its folder)";
+      return nullptr;
+    }
+    cached = std::make_shared<const engine::ModelWeights>(std::move(w).value());
+  }
+  return cached;
+}
+
+std::unique_ptr<engine::Tokenizer> Tok512() {
+  Result<std::unique_ptr<engine::Tokenizer>> t =
+      engine::LoadLlama2cTokenizer(ModelsDir() + "/tok512.bin", 512);
+  if (!t.ok()) {
+    ADD_FAILURE() << "cannot load tok512.bin: " << t.status().ToString();
+    return nullptr;
+  }
+  return std::move(t).value();
+}
+
+std::unique_ptr<engine::CpuEngine> MakeEngine(const EngineSetup& s,
+                                              std::shared_ptr<const engine::ModelWeights> w) {
+  engine::CpuEngineParts parts;
+  parts.weights = w != nullptr ? w : Stories260K();
+  if (parts.weights == nullptr) return nullptr;
+  parts.options.threads = s.threads;
+  parts.options.isa = s.isa;
+  parts.options.attention = s.attention;
+  parts.options.max_step_tokens = s.max_step_tokens;
+  parts.options.max_running = s.max_running;
+  parts.options.kv_cache_bytes = s.kv_cache_bytes;
+  parts.matmul_override = s.matmul_override;
+  Result<std::unique_ptr<engine::CpuEngine>> e = engine::CpuEngine::Create(std::move(parts));
+  if (!e.ok()) {
+    ADD_FAILURE() << "engine: " << e.status().ToString();
+    return nullptr;
+  }
+  return std::move(e).value();
+}
+
+std::map<uint64_t, engine::SequenceOutput> RunAll(engine::Engine& e,
+                                                  const std::vector<engine::SequenceRequest>& reqs) {
+  std::map<uint64_t, engine::SequenceOutput> out;
+  for (const auto& r : reqs) {
+    Status s = e.Add(r);
+    if (!s.ok()) ADD_FAILURE() << "Add " << r.id << ": " << s.ToString();
+  }
+  while (e.HasWork()) {
+    Result<engine::StepResult> step = e.Step();
+    if (!step.ok()) {
+      ADD_FAILURE() << "Step: " << step.status().ToString();
+      break;
+    }
+    for (auto& f : step->finished) out[f.id] = std::move(f);
+  }
+  return out;
+}
+
+bool SameTrajectory(const engine::SequenceOutput& a, const engine::SequenceOutput& b) {
+  return a.finish == b.finish && a.tokens == b.tokens && a.logprobs.size() == b.logprobs.size() &&
+         std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)) == 0;
+}
+
+engine::SequenceRequest RandomRequest(uint64_t id, uint32_t seed, int32_t vocab, int32_t max_prompt,
+                                      int32_t max_tokens, const engine::SamplingParams& sp) {
+  std::mt19937 rng(seed);
+  engine::SequenceRequest r;
+  r.id = id;
+  r.prompt.push_back(1);
+  const int32_t n = std::uniform_int_distribution<int32_t>(1, max_prompt)(rng);
+  for (int32_t i = 0; i < n; ++i) r.prompt.push_back(std::uniform_int_distribution<int32_t>(3, vocab - 1)(rng));
+  r.sampling = sp;
+  r.sampling.seed = sp.seed + seed;
+  r.sample_index = seed % 8;
+  r.stop.max_tokens = std::uniform_int_distribution<int32_t>(1, max_tokens)(rng);
+  return r;
+}
+
+}  // namespace bitroll::testing_util

@@ -1,0 +1,48 @@
+// Shared helpers for the engine-level suites: the real test model, running requests to completion,
+// and bitwise comparison of trajectories.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/cpu_engine.h"
+#include "engine/model_weights.h"
+#include "engine/tokenizer.h"
+
+namespace bitroll::testing_util {
+
+// BITROLL_MODELS_DIR from the environment, else the configure-time default (../shared/models).
+std::string ModelsDir();
+// stories260K.bin, loaded once per process. Fails the calling test if missing.
+std::shared_ptr<const engine::ModelWeights> Stories260K();
+std::unique_ptr<engine::Tokenizer> Tok512();
+
+struct EngineSetup {
+  int32_t threads = 1;
+  std::string isa = "auto";
+  std::string attention = "auto";
+  int32_t max_step_tokens = 512;
+  int32_t max_running = 256;
+  int64_t kv_cache_bytes = 64ll << 20;
+  void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&, kernels::ThreadPool*) = nullptr;
+};
+
+std::unique_ptr<engine::CpuEngine> MakeEngine(const EngineSetup& setup,
+                                              std::shared_ptr<const engine::ModelWeights> w = nullptr);
+
+// Adds every request, steps until idle, and returns the outputs by id. Fails the test on errors.
+std::map<uint64_t, engine::SequenceOutput> RunAll(engine::Engine& e,
+                                                  const std::vector<engine::SequenceRequest>& reqs);
+
+// ids and logprob bits equal (memcmp), plus the finish reason.
+bool SameTrajectory(const engine::SequenceOutput& a, const engine::SequenceOutput& b);
+
+// A random request: BOS + 1..max_prompt random ids, random max_tokens, the given sampling params.
+engine::SequenceRequest RandomRequest(uint64_t id, uint32_t seed, int32_t vocab, int32_t max_prompt,
+                                      int32_t max_tokens, const engine::SamplingParams& sp);
+
+}  // namespace bitroll::testing_util

@@ -1,0 +1,97 @@
+// Golden: greedy generation from the real stories260K model equals the reference implementation
+// (karpathy/llama2.c run.c) token for token and byte for byte.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/engine_test_util.h"
+
+namespace bitroll {
+namespace {
+
+using testing_util::ModelsDir;
+
+// Parses "PROMPT_TOKENS(5): 1 403 ..." and "SEQ: 403 ..." from once_upon_n256.ids.txt.
+bool ReadIds(const std::string& path, std::vector<int32_t>* prompt, std::vector<int32_t>* seq) {
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream in(line.substr(line.find(':') + 1));
+    std::vector<int32_t>* dst = line.rfind("PROMPT_TOKENS", 0) == 0 ? prompt
+                                : line.rfind("SEQ", 0) == 0         ? seq
+                                                                    : nullptr;
+    if (dst == nullptr) continue;
+    for (int32_t x; in >> x;) dst->push_back(x);
+  }
+  return !prompt->empty() && !seq->empty();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+engine::SequenceOutput Greedy(const std::string& isa, const std::vector<int32_t>& prompt, int steps) {
+  testing_util::EngineSetup setup;
+  setup.isa = isa;
+  auto e = testing_util::MakeEngine(setup);
+  if (e == nullptr) return {};
+  engine::SequenceRequest r;
+  r.id = 1;
+  r.prompt = prompt;
+  r.sampling.temperature = 0.0f;
+  r.stop.max_tokens = steps - static_cast<int32_t>(prompt.size()) + 1;  // run.c: pos < steps
+  r.stop.stop_at_eos = false;  // run.c stops only on BOS
+  r.stop.stop_at_bos = true;
+  auto out = testing_util::RunAll(*e, {r});
+  return out[1];
+}
+
+TEST(Golden, OnceUponATimeGreedy256MatchesRunC) {
+  std::vector<int32_t> prompt, seq;
+  ASSERT_TRUE(ReadIds(ModelsDir() + "/golden/once_upon_n256.ids.txt", &prompt, &seq));
+  auto tok = testing_util::Tok512();
+  ASSERT_NE(tok, nullptr);
+  Result<std::vector<int32_t>> enc = tok->Encode("Once upon a time", true);
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  EXPECT_EQ(*enc, prompt);
+
+  const engine::SequenceOutput out = Greedy("auto", prompt, 256);
+  std::vector<int32_t> got(prompt.begin() + 1, prompt.end());
+  got.insert(got.end(), out.tokens.begin(), out.tokens.end());
+  ASSERT_EQ(got.size(), seq.size());
+  EXPECT_EQ(got, seq);
+
+  std::string text;
+  int32_t prev = prompt[0];
+  for (int32_t id : got) {
+    Result<std::string> piece = tok->DecodePiece(prev, id);
+    ASSERT_TRUE(piece.ok()) << piece.status().ToString();
+    text += engine::PrintablePiece(*piece);
+    prev = id;
+  }
+  text += "\n";
+  EXPECT_EQ(text, ReadFile(ModelsDir() + "/golden/once_upon_n256.txt"));
+}
+
+TEST(Golden, EveryIsaGivesTheSameGreedyBits) {
+  std::vector<int32_t> prompt, seq;
+  ASSERT_TRUE(ReadIds(ModelsDir() + "/golden/once_upon_n256.ids.txt", &prompt, &seq));
+  const engine::SequenceOutput scalar = Greedy("scalar", prompt, 128);
+  ASSERT_FALSE(scalar.tokens.empty());
+  for (const char* isa : {"avx2", "avx512"}) {
+    if (!kernels::ParseIsa(isa).ok()) {
+      std::cerr << "*** golden_test: this CPU lacks " << isa << "; that path is NOT tested ***\n";
+      continue;
+    }
+    EXPECT_TRUE(testing_util::SameTrajectory(scalar, Greedy(isa, prompt, 128))) << isa;
+  }
+}
+
+}  // namespace
+}  // namespace bitroll

@@ -1,0 +1,178 @@
+// Engine benchmark (run by hand; never by ctest):
+//   build/tests/bench/bench_engine [--models-dir DIR] [--work DIR] [--quick]
+//
+// Decode tok/s at batch 1, 8, 32, 64 with 1 and 2 threads, and prefill tok/s, on stories260K and
+// on a random-weight stories110m (written with make-model into --work on first use), with fp32
+// and bf16 weight storage. Also the invariance overhead: the same run with the split-tail
+// attention disabled (single only) and with every item split. Reports achieved GFLOP/s (2 flops
+// per multiply-add of the matmuls, plus attention) so it can be set against the FMA peak that
+// bench_kernels measures. Prints one table; each figure is the median of --reps runs.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/cpu_engine.h"
+#include "engine/make_model.h"
+#include "engine/model_loader.h"
+
+namespace {
+
+using namespace bitroll;
+using Clock = std::chrono::steady_clock;
+
+struct Config {
+  int batch;
+  int threads;
+  std::string attention = "auto";
+  kernels::DType storage = kernels::DType::kF32;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Matmul flops per token (2 per multiply-add), excluding attention.
+double MatmulFlopsPerToken(const engine::ModelConfig& c) {
+  const double dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim;
+  const double per_layer = dim * (dim + 2 * kv) + dim * dim + 3 * dim * hidden;
+  return 2.0 * (c.n_layers * per_layer + dim * c.vocab_size);
+}
+
+std::unique_ptr<engine::CpuEngine> Make(std::shared_ptr<const engine::ModelWeights> w,
+                                        const Config& cfg, int step_tokens) {
+  engine::CpuEngineParts parts;
+  parts.weights = std::move(w);
+  parts.options.threads = cfg.threads;
+  parts.options.attention = cfg.attention;
+  parts.options.max_step_tokens = step_tokens;
+  parts.options.kv_cache_bytes = 1ll << 30;
+  parts.weight_storage = cfg.storage;
+  auto e = engine::CpuEngine::Create(std::move(parts));
+  if (!e.ok()) {
+    std::fprintf(stderr, "engine: %s\n", e.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(e).value();
+}
+
+// Steady-state decode: `batch` sequences with a 16-token prompt; only steps in which every row is
+// a decode row are timed.
+double DecodeTokPerSec(std::shared_ptr<const engine::ModelWeights> w, const Config& cfg,
+                       int tokens) {
+  auto e = Make(w, cfg, 4096);
+  for (int i = 0; i < cfg.batch; ++i) {
+    engine::SequenceRequest r;
+    r.id = i;
+    r.prompt.push_back(1);
+    for (int k = 0; k < 15; ++k) r.prompt.push_back(3 + (i * 31 + k * 7) % 200);
+    r.sampling.temperature = 1.0f;
+    r.sampling.top_p = 0.9f;
+    r.sample_index = i;
+    r.stop.max_tokens = tokens;
+    r.stop.stop_at_eos = r.stop.stop_at_bos = false;
+    (void)e->Add(r);
+  }
+  double secs = 0;
+  int64_t decoded = 0;
+  while (e->HasWork()) {
+    auto s = e->Step();
+    if (!s.ok()) std::exit(1);
+    if (s->tokens_processed == cfg.batch && static_cast<int>(s->tokens.size()) == cfg.batch) {
+      secs += s->seconds;
+      decoded += cfg.batch;
+    }
+  }
+  return secs > 0 ? decoded / secs : 0.0;
+}
+
+double PrefillTokPerSec(std::shared_ptr<const engine::ModelWeights> w, const Config& cfg, int len) {
+  auto e = Make(w, cfg, len);
+  engine::SequenceRequest r;
+  r.id = 1;
+  for (int k = 0; k < len; ++k) r.prompt.push_back(3 + (k * 13) % 250);
+  r.stop.max_tokens = 1;
+  (void)e->Add(r);
+  const auto t0 = Clock::now();
+  while (e->HasWork()) (void)e->Step();
+  return len / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string models_dir = "../shared/models";
+  std::string work = "bench-work";
+  int reps = 3;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--models-dir" && i + 1 < argc) models_dir = argv[++i];
+    else if (a == "--work" && i + 1 < argc) work = argv[++i];
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--quick") quick = true;
+  }
+  std::filesystem::create_directories(work);
+  const std::string m110 = work + "/stories110m/model.bin";
+  if (!std::filesystem::exists(m110)) {
+    std::fprintf(stderr, "writing random-weight stories110m to %s ...\n", m110.c_str());
+    auto shape = engine::NamedShape("stories110m");
+    std::filesystem::create_directories(work + "/stories110m");
+    if (!shape.ok() || !engine::WriteRandomModel(*shape, 1, m110, work + "/stories110m/tokenizer.bin").ok()) {
+      std::fprintf(stderr, "cannot write the stories110m model\n");
+      return 1;
+    }
+  }
+  struct Model {
+    std::string name, path;
+  };
+  std::vector<Model> models = {{"stories260K", models_dir + "/stories260K.bin"},
+                               {"stories110m", m110}};
+  std::printf("| model | weights | threads | attention | batch | decode tok/s | GFLOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const Model& m : models) {
+    auto lw = engine::LoadModelWeights(m.path);
+    if (!lw.ok()) {
+      std::fprintf(stderr, "%s: %s\n", m.path.c_str(), lw.status().ToString().c_str());
+      continue;
+    }
+    auto w = std::make_shared<const engine::ModelWeights>(std::move(lw).value());
+    const double flops = MatmulFlopsPerToken(w->config);
+    const bool big = m.name == "stories110m";
+    const int tokens = big ? (quick ? 16 : 48) : 128;
+    std::vector<Config> configs;
+    for (kernels::DType st : {kernels::DType::kF32, kernels::DType::kBF16}) {
+      if (!big && st == kernels::DType::kBF16) continue;
+      for (int threads : {1, 2}) {
+        for (int batch : {1, 8, 32, 64}) configs.push_back({batch, threads, "auto", st});
+      }
+    }
+    if (big) {
+      for (const char* att : {"single", "split"}) {
+        for (int batch : {1, 32}) configs.push_back({batch, 2, att, kernels::DType::kF32});
+      }
+    }
+    for (const Config& c : configs) {
+      std::vector<double> r;
+      for (int i = 0; i < reps; ++i) r.push_back(DecodeTokPerSec(w, c, tokens));
+      const double tps = Median(r);
+      std::printf("| %s | %s | %d | %s | %d | %.1f | %.1f |\n", m.name.c_str(),
+                  c.storage == kernels::DType::kBF16 ? "bf16" : "f32", c.threads,
+                  c.attention.c_str(), c.batch, tps, tps * flops / 1e9);
+      std::fflush(stdout);
+    }
+    for (int threads : {1, 2}) {
+      std::vector<double> r;
+      const int len = big ? 512 : 256;
+      for (int i = 0; i < reps; ++i) r.push_back(PrefillTokPerSec(w, {1, threads}, len));
+      std::printf("| %s | f32 | %d | auto | prefill %d | %.1f | %.1f |\n", m.name.c_str(), threads,
+                  len, Median(r), Median(r) * flops / 1e9);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

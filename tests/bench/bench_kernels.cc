@@ -1,0 +1,294 @@
+// bench_kernels: measured machine limits (FMA peak, read bandwidth, ThreadPool latency) and Matmul
+// throughput on the stories110m shapes, as % of those limits. Run by hand, briefly:
+//   build/kernels/bench_kernels [--isa=auto|scalar|avx2|avx512] [--reps=5] [--quick] [--clock=cpu]
+// Every figure is the median of --reps repetitions; each repetition runs for >= ~20 ms.
+// --clock=wall (default) times with the wall clock. --clock=cpu divides the process CPU time by the
+// thread count instead: on a shared, oversubscribed machine this estimates what the code does when
+// it has the cores to itself (spin-waits count as busy, so multi-thread figures are pessimistic).
+
+// GCC 12 false positives inside the AVX-512 intrinsic headers (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/math.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace bk = bitroll::kernels;
+
+namespace {
+
+// The bench's clock: wall time, or process CPU time divided by the threads in use.
+struct Clock {
+  using time_point = double;
+  static inline bool cpu = false;
+  static inline int threads = 1;
+  static time_point now() {
+    timespec ts;
+    clock_gettime(cpu ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    const double t = static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+    return cpu ? t / threads : t;
+  }
+};
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return b - a;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds per call of fn: repeats until >= min_s has passed; median over reps.
+double TimePerCall(const std::function<void()>& fn, int reps, double min_s = 0.02) {
+  fn();  // warm up
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    int64_t calls = 0;
+    const auto t0 = Clock::now();
+    double elapsed = 0;
+    do {
+      fn();
+      ++calls;
+      elapsed = Seconds(t0, Clock::now());
+    } while (elapsed < min_s);
+    times.push_back(elapsed / static_cast<double>(calls));
+  }
+  return Median(times);
+}
+
+// ---- FMA peak: 12 independent register-only fma chains ----
+
+__attribute__((target("avx512f"))) float FmaLoopAvx512(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iters) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0];
+}
+
+float FmaLoopScalar(int64_t iters) {
+  float acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = static_cast<float>(i);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i)
+      acc[i] = acc[i] * 0.999999f + 1e-7f;  // mul + add (no fma in base ISA)
+  }
+  float s = 0;
+  for (float a : acc) s += a;
+  return s;
+}
+
+int Lanes(bk::Isa isa) {
+  return isa == bk::Isa::kAvx512 ? 16 : isa == bk::Isa::kAvx2 ? 8 : 1;
+}
+
+volatile float g_sink;
+
+// GFLOP/s of `threads` threads each running the register-only loop.
+double FmaPeak(bk::Isa isa, int threads, int reps) {
+  Clock::threads = threads;
+  const int64_t iters = 2'000'000;
+  auto body = [&] {
+    float r = isa == bk::Isa::kAvx512 ? FmaLoopAvx512(iters)
+              : isa == bk::Isa::kAvx2 ? FmaLoopAvx2(iters)
+                                      : FmaLoopScalar(iters / 8);
+    g_sink = r;
+  };
+  const double flops_per_thread =
+      static_cast<double>(isa == bk::Isa::kScalar ? iters / 8 : iters) * 12 * Lanes(isa) * 2;
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 1; t < threads; ++t) ts.emplace_back(body);
+    body();
+    for (auto& t : ts) t.join();
+    rates.push_back(flops_per_thread * threads / Seconds(t0, Clock::now()) / 1e9);
+  }
+  return Median(rates);
+}
+
+// ---- Read bandwidth: sum a 512 MiB buffer with 8 independent accumulators ----
+
+__attribute__((target("avx512f"))) float SumAvx512(const float* p, int64_t n) {
+  __m512 acc[8];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 128) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(p + i + 16 * j));
+  }
+  for (int j = 1; j < 8; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+double ReadBandwidth(int threads, int reps, const float* buf, int64_t n) {
+  Clock::threads = threads;
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
+    const int64_t per = n / threads / 128 * 128;
+    const auto t0 = Clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 1; t < threads; ++t) {
+      ts.emplace_back([=] { g_sink = SumAvx512(buf + t * per, per); });
+    }
+    g_sink = SumAvx512(buf, per);
+    for (auto& t : ts) t.join();
+    rates.push_back(static_cast<double>(per) * threads * 4 / Seconds(t0, Clock::now()) / 1e9);
+  }
+  return Median(rates);
+}
+
+struct Shape {
+  const char* name;
+  int64_t n, k;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string isa_name = "auto";
+  int reps = 5;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--isa=", 0) == 0) {
+      isa_name = a.substr(6);
+    } else if (a.rfind("--reps=", 0) == 0) {
+      reps = std::max(1, std::atoi(a.c_str() + 7));
+    } else if (a == "--quick") {
+      quick = true;
+    } else if (a == "--clock=cpu") {
+      Clock::cpu = true;
+    } else if (a == "--clock=wall") {
+      Clock::cpu = false;
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--isa=auto|scalar|avx2|avx512] [--reps=N] [--quick] "
+                   "[--clock=wall|cpu]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  bitroll::Result<bk::Isa> parsed = bk::ParseIsa(isa_name);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
+    return 2;
+  }
+  const bk::Isa isa = *parsed;
+  const unsigned hw = std::thread::hardware_concurrency();
+  std::printf("bench_kernels: isa=%s reps=%d (medians) clock=%s hardware threads=%u\n",
+              bk::IsaName(isa), reps, Clock::cpu ? "cpu" : "wall", hw);
+
+  // Machine limits.
+  double peak[3] = {0, 0, 0}, bw[3] = {0, 0, 0};
+  std::printf("\n%-34s %12s %12s\n", "limit", "1 thread", "2 threads");
+  for (bk::Isa i : {bk::Isa::kScalar, bk::Isa::kAvx2, bk::Isa::kAvx512}) {
+    if (!bk::IsaSupported(i)) continue;
+    const double p1 = FmaPeak(i, 1, reps), p2 = FmaPeak(i, 2, reps);
+    if (i == isa) peak[1] = p1, peak[2] = p2;
+    std::printf("FMA peak %-16s GFLOP/s %12.1f %12.1f\n", bk::IsaName(i), p1, p2);
+  }
+  if (bk::IsaSupported(bk::Isa::kAvx512)) {
+    const int64_t n = int64_t{128} << 20;  // 512 MiB of floats
+    float* buf = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
+    for (int64_t i = 0; i < n; ++i) buf[i] = 1.0f;
+    bw[1] = ReadBandwidth(1, reps, buf, n);
+    bw[2] = ReadBandwidth(2, reps, buf, n);
+    std::free(buf);
+    std::printf("%-34s %12.1f %12.1f\n", "read bandwidth GB/s", bw[1], bw[2]);
+  } else {
+    std::printf("read bandwidth: needs AVX-512 in this bench; skipped\n");
+  }
+  for (int threads : {2, 3}) {
+    bk::ThreadPool pool(threads);
+    Clock::threads = threads;
+    const std::function<void(int, int64_t)> empty = [](int, int64_t) {};
+    const double t = TimePerCall([&] { pool.Run(threads, empty); }, reps);
+    std::printf("ThreadPool(%d) empty Run(%d tasks)    %9.2f us\n", threads, threads, t * 1e6);
+  }
+
+  // Matmul on the stories110m shapes.
+  const Shape shapes[] = {{"qkv   N=2304 K=768", 2304, 768},
+                          {"w1|w3 N=4096 K=768", 4096, 768},
+                          {"w2    N=768 K=2048", 768, 2048},
+                          {"cls   N=32000 K=768", 32000, 768}};
+  std::vector<int64_t> ms = {1, 8, 32, 64};
+  if (quick) ms = {1, 32};
+  std::printf("\n%-20s %5s %3s %4s %10s %9s %8s %9s %8s\n", "matmul", "store", "thr", "M",
+              "us/call", "GFLOP/s", "%peak", "GB/s(W)", "%bw");
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0, 0.02f);
+  for (const Shape& s : shapes) {
+    std::vector<float> w(static_cast<size_t>(s.n * s.k));
+    for (float& v : w) v = dist(rng);
+    std::vector<float> x(static_cast<size_t>(64 * s.k)), y(static_cast<size_t>(64 * s.n));
+    for (float& v : x) v = dist(rng);
+    for (bk::DType storage : {bk::DType::kF32, bk::DType::kBF16}) {
+      const bk::MatrixPart part{w.data(), bk::DType::kF32, s.n};
+      bitroll::Result<bk::PackedMatrix> pm =
+          bk::PackedMatrix::Pack(std::span<const bk::MatrixPart>(&part, 1), s.k, storage);
+      if (!pm.ok()) {
+        std::fprintf(stderr, "%s\n", pm.status().ToString().c_str());
+        return 1;
+      }
+      for (int threads : {1, 2}) {
+        bk::ThreadPool pool(threads);
+        Clock::threads = threads;
+        for (int64_t m : ms) {
+          bk::MatmulParams p;
+          p.x = x.data();
+          p.m = m;
+          p.ldx = s.k;
+          p.w = &*pm;
+          p.y = y.data();
+          p.ldy = s.n;
+          const double t = TimePerCall([&] { bk::Matmul(isa, p, &pool); }, reps);
+          const double gflops = 2.0 * m * s.n * s.k / t / 1e9;
+          const double gbs = static_cast<double>(pm->size_bytes()) / t / 1e9;
+          std::printf("%-20s %5s %3d %4lld %10.1f %9.1f %7.1f%% %9.1f %7.1f%%\n", s.name,
+                      storage == bk::DType::kF32 ? "f32" : "bf16", threads,
+                      static_cast<long long>(m), t * 1e6, gflops,
+                      peak[threads] > 0 ? 100 * gflops / peak[threads] : 0.0, gbs,
+                      bw[threads] > 0 ? 100 * gbs / bw[threads] : 0.0);
+        }
+      }
+    }
+  }
+  return 0;
+}

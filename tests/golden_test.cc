@@ -93,5 +93,36 @@ TEST(Golden, EveryIsaGivesTheSameGreedyBits) {
   }
 }
 
+// More prompts, each checked against the reference forward pass (tests/golden/README.md).
+TEST(Golden, MorePromptsMatchTheReferenceForwardPass) {
+  std::ifstream f(std::string(BITROLL_SOURCE_DIR) + "/tests/golden/run_c_greedy_stories260K.tsv");
+  ASSERT_TRUE(f.good());
+  auto tok = testing_util::Tok512();
+  ASSERT_NE(tok, nullptr);
+  std::string line;
+  int checked = 0;
+  while (std::getline(f, line)) {
+    std::istringstream cols(line);
+    std::string text, prompt_s, want_s;
+    std::getline(cols, text, '\t');
+    std::getline(cols, prompt_s, '\t');
+    std::getline(cols, want_s, '\t');
+    std::vector<int32_t> prompt, want;
+    std::istringstream ps(prompt_s), ws(want_s);
+    for (int32_t x; ps >> x;) prompt.push_back(x);
+    for (int32_t x; ws >> x;) want.push_back(x);
+    Result<std::vector<int32_t>> enc = tok->Encode(text, true);
+    ASSERT_TRUE(enc.ok());
+    EXPECT_EQ(*enc, prompt) << text;
+    const engine::SequenceOutput out = Greedy("auto", prompt, 200);
+    // run.c stops before printing BOS; bitroll reports the stop token as part of the trajectory.
+    std::vector<int32_t> got = out.tokens;
+    if (out.finish == engine::FinishReason::kEos && !got.empty() && got.back() == 1) got.pop_back();
+    EXPECT_EQ(got, want) << text;
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);
+}
+
 }  // namespace
 }  // namespace bitroll

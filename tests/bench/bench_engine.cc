@@ -1,5 +1,6 @@
 // Engine benchmark (run by hand; never by ctest):
-//   build/tests/bench/bench_engine [--models-dir DIR] [--work DIR] [--quick]
+//   build/tests/bench_engine [--models-dir DIR] [--work DIR] [--reps N] [--quick]
+//                            [--model stories260K|stories110m] [--batch B] [--threads T]
 //
 // Decode tok/s at batch 1, 8, 32, 64 with 1 and 2 threads, and prefill tok/s, on stories260K and
 // on a random-weight stories110m (written with make-model into --work on first use), with fp32
@@ -29,6 +30,7 @@ struct Config {
   int threads;
   std::string attention = "auto";
   kernels::DType storage = kernels::DType::kF32;
+  bool sampled = false;  // T=1 top-p 0.9 instead of greedy (llama-bench compares without sampling)
 };
 
 double Median(std::vector<double> v) {
@@ -70,7 +72,7 @@ double DecodeTokPerSec(std::shared_ptr<const engine::ModelWeights> w, const Conf
     r.id = i;
     r.prompt.push_back(1);
     for (int k = 0; k < 15; ++k) r.prompt.push_back(3 + (i * 31 + k * 7) % 200);
-    r.sampling.temperature = 1.0f;
+    r.sampling.temperature = cfg.sampled ? 1.0f : 0.0f;
     r.sampling.top_p = 0.9f;
     r.sample_index = i;
     r.stop.max_tokens = tokens;
@@ -109,12 +111,17 @@ int main(int argc, char** argv) {
   std::string work = "bench-work";
   int reps = 3;
   bool quick = false;
+  std::string only_model;
+  int only_batch = 0, only_threads = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--models-dir" && i + 1 < argc) models_dir = argv[++i];
     else if (a == "--work" && i + 1 < argc) work = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--quick") quick = true;
+    else if (a == "--model" && i + 1 < argc) only_model = argv[++i];
+    else if (a == "--batch" && i + 1 < argc) only_batch = std::atoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc) only_threads = std::atoi(argv[++i]);
   }
   std::filesystem::create_directories(work);
   const std::string m110 = work + "/stories110m/model.bin";
@@ -132,9 +139,10 @@ int main(int argc, char** argv) {
   };
   std::vector<Model> models = {{"stories260K", models_dir + "/stories260K.bin"},
                                {"stories110m", m110}};
-  std::printf("| model | weights | threads | attention | batch | decode tok/s | GFLOP/s |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("| model | weights | threads | attention | sampling | batch | tok/s | GFLOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const Model& m : models) {
+    if (!only_model.empty() && m.name != only_model) continue;
     auto lw = engine::LoadModelWeights(m.path);
     if (!lw.ok()) {
       std::fprintf(stderr, "%s: %s\n", m.path.c_str(), lw.status().ToString().c_str());
@@ -156,20 +164,24 @@ int main(int argc, char** argv) {
         for (int batch : {1, 32}) configs.push_back({batch, 2, att, kernels::DType::kF32});
       }
     }
+    for (int batch : {1, 32}) configs.push_back({batch, 2, "auto", kernels::DType::kF32, true});
     for (const Config& c : configs) {
+      if ((only_batch && c.batch != only_batch) || (only_threads && c.threads != only_threads)) continue;
       std::vector<double> r;
       for (int i = 0; i < reps; ++i) r.push_back(DecodeTokPerSec(w, c, tokens));
       const double tps = Median(r);
-      std::printf("| %s | %s | %d | %s | %d | %.1f | %.1f |\n", m.name.c_str(),
+      std::printf("| %s | %s | %d | %s | %s | %d | %.1f | %.1f |\n", m.name.c_str(),
                   c.storage == kernels::DType::kBF16 ? "bf16" : "f32", c.threads,
-                  c.attention.c_str(), c.batch, tps, tps * flops / 1e9);
+                  c.attention.c_str(), c.sampled ? "T=1 top-p 0.9" : "greedy", c.batch, tps,
+                  tps * flops / 1e9);
       std::fflush(stdout);
     }
     for (int threads : {1, 2}) {
+      if (only_batch || (only_threads && threads != only_threads)) continue;
       std::vector<double> r;
       const int len = big ? 512 : 256;
       for (int i = 0; i < reps; ++i) r.push_back(PrefillTokPerSec(w, {1, threads}, len));
-      std::printf("| %s | f32 | %d | auto | prefill %d | %.1f | %.1f |\n", m.name.c_str(), threads,
+      std::printf("| %s | f32 | %d | auto | - | prefill %d | %.1f | %.1f |\n", m.name.c_str(), threads,
                   len, Median(r), Median(r) * flops / 1e9);
       std::fflush(stdout);
     }

@@ -1,0 +1,244 @@
+// bitroll::sandbox: tiered tool execution behind one interface.
+//
+// One call, Sandbox::Run(request), runs a registered C++ function or a command with stdin, files
+// and limits, and returns a RunResult: exit status, stdout/stderr (truncated and marked so), output
+// files, resource usage and a typed error. The tier is a field of the request; nothing else
+// changes between tiers.
+//
+//   Tier        mechanism                                                    for
+//   kFunction   registered in-process handler on a pre-warmed worker thread  trusted code:
+//               with a watchdog (or inline on the caller's thread)           graders, calculators
+//   kProcess    posix_spawn of bitroll-sandbox-helper, which forks the tool:  short scripts
+//               rlimits, private network namespace, new session,
+//               unprivileged per-run uid, Landlock (read-only system
+//               folders and an /etc allowlist, read-write workdir, no
+//               signals out), seccomp denylist, then exec
+//   kContainer  the helper's child drops to the per-run uid and execs        untrusted code
+//               bubblewrap: --unshare-all --die-with-parent --cap-drop ALL
+//               --clearenv --new-session, read-only /usr (+ /bin, /lib
+//               links), an /etc allowlist, fresh /proc and /dev, a tmpfs
+//               /tmp, seccomp via --seccomp. The workdir /work is a bind of
+//               the run's private host folder, so output files can be
+//               collected after the container is gone.
+//   kVm         QEMU microvm (TCG unless a real KVM probe boot succeeds),     strongest isolation
+//               Debian kernel + busybox initramfs from scripts/vm-image.sh;
+//               the task travels as a cpio archive appended to the
+//               initramfs, the result as framed base64 on the serial console
+//
+// Process and container runs get a per-run cgroup (v2, else v1 memory + pids, under the
+// service's own cgroup) when the machine allows one, and fall back to rlimits otherwise. The
+// helper stays as the run's init (a child subreaper): when the tool exits it kills what is left
+// under the run's uid and reaps every orphan, so every process a run started is dead, and
+// reaped, when Run() returns. On a wall timeout or output overflow the service kills the
+// cgroup (or sweeps the uid).
+//
+// Requires root (the helper switches to the per-run uids and joins cgroups); otherwise the
+// command tiers report kUnavailable. Disk use of the workdir is capped per file
+// (Limits::max_file_bytes), not in total: point SandboxOptions::work_root at a size-limited
+// tmpfs to cap it.
+//
+// Thread-safety: Sandbox is thread-safe. Register() and Run() may be called concurrently from
+// any thread. Concurrent process/container runs each get their own uid from
+// [uid_base, uid_base + max_concurrent), so one run can neither signal nor read another's files.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "schema/status.h"
+
+namespace bitroll::sandbox {
+
+enum class Tier : uint8_t { kFunction = 0, kProcess = 1, kContainer = 2, kVm = 3 };
+// Stable lower-case name: "function", "process", "container", "vm".
+const char* TierName(Tier tier);
+
+// What stopped a run, beyond the tool's own exit status. The numbering is stored in the WAL:
+// append only, never renumber.
+enum class SandboxError : uint8_t {
+  kNone = 0,             // the tool ran to completion (any exit code or signal of its own)
+  kTimeout = 1,          // wall-time limit; the run was killed (function tier: abandoned)
+  kCpuTime = 2,          // CPU-time limit (SIGXCPU / SIGKILL from RLIMIT_CPU)
+  kMemory = 3,           // memory limit (cgroup OOM / failcnt, or rlimit heuristics)
+  kOutputLimit = 4,      // stdout or stderr passed max_output_bytes; the run was killed
+  kProcessLimit = 5,     // the pids limit was hit (only detectable with a pids cgroup)
+  kSpawnFailure = 6,     // the helper, bwrap, qemu or the command itself could not be started
+  kUnavailable = 7,      // the tier cannot run here (no bwrap, no VM image, no qemu, no helper)
+  kInvalidArgument = 8,  // malformed request (empty argv, bad file name, unknown function)
+  kInternal = 9,         // a bug or an unexpected OS failure; the status says where
+};
+const char* SandboxErrorName(SandboxError error);
+
+// Limits of one run. Every tier honours every field unless noted. Run() refuses (kInvalidArgument)
+// wall or CPU limits outside (0, 86400] s, memory under 1 MiB and max_processes of 0.
+struct Limits {
+  // Wall-clock seconds from start to the tool's exit. The VM tier adds boot time on top
+  // (SandboxOptions::vm_boot_seconds) for the qemu process.
+  double wall_seconds = 10.0;
+  // CPU seconds (user + system). Enforced with RLIMIT_CPU, so granularity is 1 s (rounded up).
+  // Not enforced on the function tier.
+  double cpu_seconds = 10.0;
+  // Memory of all the run's processes. cgroup memory limit where available, else RLIMIT_AS.
+  // VM tier: guest RAM is this plus 128 MiB for the guest kernel; ulimit -v inside.
+  uint64_t memory_bytes = 512ull << 20;
+  // Processes (and threads) the run may have at once: pids cgroup + RLIMIT_NPROC on the
+  // call's private uid.
+  uint32_t max_processes = 64;
+  // Bytes kept of stdout and of stderr, each. Going past it marks the stream truncated, stops
+  // the run and reports kOutputLimit.
+  uint64_t max_output_bytes = 1ull << 20;
+  // Largest file the tool may write (RLIMIT_FSIZE) and largest output file collected; a bigger
+  // collected file is cut and marked truncated.
+  uint64_t max_file_bytes = 16ull << 20;
+  // Network: off means a private network namespace (no interfaces but a down loopback) and a
+  // seccomp rule that refuses every socket family but AF_UNIX. VM tier: no network device.
+  bool allow_network = false;
+};
+
+struct Request {
+  Tier tier = Tier::kProcess;
+  // kFunction: the registered name. Ignored by other tiers.
+  std::string function;
+  // Other tiers: the command. argv[0] is looked up in PATH (/usr/local/bin:/usr/bin:/bin).
+  // kFunction handlers also receive it as their arguments.
+  std::vector<std::string> argv;
+  // Extra environment "KEY=VALUE" for the command (it otherwise gets only PATH, HOME, TMPDIR,
+  // LANG).
+  std::vector<std::string> env;
+  std::string stdin_data;
+  // Files placed in the workdir before the run: name -> bytes. A name is one path component
+  // ([A-Za-z0-9._-], not "." or "..", at most 255 bytes).
+  std::map<std::string, std::string> files;
+  // Names (same rules) of files to collect from the workdir after the run. Missing files and
+  // anything that is not a regular file (symlinks included) are skipped.
+  std::vector<std::string> output_files;
+  Limits limits;
+};
+
+struct OutputFile {
+  std::string data;
+  bool truncated = false;  // the file was larger than Limits::max_file_bytes
+};
+
+struct Usage {
+  double wall_seconds = 0;  // start of the tool to its end (VM: qemu start to exit)
+  // User + system of the run's processes (the helper reaps them all, so all are counted).
+  // Function tier: the worker thread's CPU time; inline handlers are charged their wall time.
+  double cpu_seconds = 0;
+  uint64_t max_rss_bytes = 0;
+};
+
+struct RunResult {
+  Tier tier = Tier::kFunction;
+  Limits limits;  // the limits the run had (for the WAL and cost accounting)
+  SandboxError error = SandboxError::kNone;
+  Status status;        // OK iff error == kNone; otherwise the typed error and its message
+  bool exited = false;  // the tool exited by itself with exit_code
+  int exit_code = -1;
+  // The signal that ended it, when !exited (0 if unknown). Container and VM tiers learn it
+  // from the shell convention (bwrap / the guest shell exit with 128 + N), so there a tool that
+  // calls exit(128 + N) itself is reported as killed by signal N.
+  int term_signal = 0;
+  std::string stdout_data;
+  std::string stderr_data;
+  bool stdout_truncated = false;
+  bool stderr_truncated = false;
+  std::map<std::string, OutputFile> files;
+  Usage usage;
+  double duration_seconds = 0;  // Run() entry to return, including setup (cost accounting)
+};
+
+// What a registered function hands back.
+struct FunctionOutput {
+  int exit_code = 0;
+  std::string stdout_data;
+  std::string stderr_data;
+  std::map<std::string, std::string> files;  // collected subject to Request::output_files
+};
+
+// A registered function. It receives the request (argv, stdin_data, files) and fills `out`.
+// It runs in this process with no isolation: register only trusted code. A C++ function cannot
+// be killed: if it overruns Limits::wall_seconds the watchdog stops waiting, reports kTimeout
+// and abandons the worker thread, which keeps running until the handler returns (its output is
+// then dropped). Handlers must be thread-safe and must not throw (an exception is caught and
+// reported as kInternal).
+using Function = std::function<void(const Request& request, FunctionOutput* out)>;
+
+struct FunctionOptions {
+  // false: the handler runs on a pre-warmed worker thread and the caller stops waiting at the
+  // wall limit (kTimeout; the worker is abandoned). true: the handler runs on the caller's
+  // thread with no hand-off (nanoseconds instead of microseconds); an overrun cannot be cut
+  // short, it is only reported as kTimeout (output dropped) once the handler returns. For
+  // handlers known to be fast.
+  bool run_inline = false;
+};
+
+struct SandboxOptions {
+  // Path of bitroll-sandbox-helper. Empty: the helper built with this library (its build path,
+  // compiled in). Process, container and VM tiers report kUnavailable when it does not exist.
+  std::string helper_path;
+  // Folder under which each run gets a private workdir (mode 0700, owned by the run's uid).
+  // Empty: std::filesystem::temp_directory_path().
+  std::string work_root;
+  // Unprivileged uid/gid range for runs: run slot i uses uid_base + i (gid the same). The range
+  // must be unused by other software on the machine, and two Sandbox objects alive at once (in
+  // one process or several) need disjoint ranges: a run's kill sweep covers its whole uid.
+  uint32_t uid_base = 61000;
+  // Process/container runs at once; a further Run() waits for a free slot.
+  uint32_t max_concurrent = 16;
+  // Per-run cgroups (v2, else v1 memory + pids under the service's own cgroup). Off: rlimits.
+  bool use_cgroups = true;
+  // Pre-warmed worker threads for the function tier (more are started on demand).
+  uint32_t function_workers = 2;
+  // Abandoned function workers (overran their wall limit and are still running) tolerated
+  // before the function tier refuses new calls with kUnavailable.
+  uint32_t max_abandoned_functions = 16;
+  // bubblewrap binary for the container tier (looked up in PATH when not absolute).
+  std::string bwrap_path = "bwrap";
+  // VM tier: folder written by `scripts/vm-image.sh DIR` (vmlinuz, initramfs.cpio.gz).
+  // Empty: the VM tier is unavailable.
+  std::string vm_image_dir;
+  std::string qemu_path = "qemu-system-x86_64";
+  // Concurrent VMs; 0 means the number of online cores.
+  uint32_t max_concurrent_vms = 0;
+  // Seconds the VM gets for boot and shutdown, on top of the task's wall limit.
+  double vm_boot_seconds = 60.0;
+  // Probe /dev/kvm with a real boot before using it; off means always TCG.
+  bool vm_try_kvm = true;
+};
+
+class Sandbox {
+ public:
+  // Never fails: tiers that cannot run here report kUnavailable from Run(). Probing (cgroups,
+  // helper, bwrap) happens here; the KVM probe boot happens on the first VM run.
+  explicit Sandbox(SandboxOptions options = {});
+  // REQUIRES: no Run() in flight. Abandoned function handlers keep running on their own.
+  ~Sandbox();
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+
+  // Registers `fn` under `name` for Tier::kFunction. A second registration replaces the first.
+  // REQUIRES: name non-empty, fn non-null.
+  Status Register(const std::string& name, Function fn, FunctionOptions function_options = {});
+
+  // Runs one request. Blocks until it finishes or its limits stop it. Every process the run
+  // started is dead when this returns. Never throws.
+  RunResult Run(const Request& request);
+
+  // OK when `tier` can run here, else kUnavailable with the reason (e.g. the script to run).
+  Status TierAvailable(Tier tier);
+
+  const SandboxOptions& options() const;
+  // "cgroup-v2", "cgroup-v1" or "rlimits": how process/container memory and pids are limited.
+  std::string LimitMechanism() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bitroll::sandbox

@@ -5,5 +5,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BITROLL_BUILD_DIR:-$root/build}"
 "$root/scripts/build.sh"
+# The sandbox's VM tier boots Debian's kernel with a busybox initramfs; fetch and build them once.
+"$root/scripts/vm-image.sh" "$build/vm-image" ||
+  echo "bitroll: VM image not built; VM-tier tests will say so and skip" >&2
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"

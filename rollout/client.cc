@@ -1,0 +1,286 @@
+#include "rollout/client.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace bitroll::rollout {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int RemainingMs(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::max<int64_t>(0, left.count()));
+}
+
+TrajectoryResult FromWire(const wire::Trajectory& t) {
+  TrajectoryResult r;
+  r.group_id = t.group_id();
+  r.prompt_index = t.prompt_index();
+  r.sample_index = t.sample_index();
+  if (t.ids()) r.ids.assign(t.ids()->begin(), t.ids()->end());
+  if (t.logprobs()) r.logprobs.assign(t.logprobs()->begin(), t.logprobs()->end());
+  r.finish = t.finish();
+  r.turns = t.turns();
+  if (t.versions()) {
+    for (const wire::VersionSpan* v : *t.versions())
+      r.versions.emplace_back(v->begin(), v->version());
+  }
+  if (const auto* f = t.fingerprint()) {
+    r.weights_hash = f->weights_hash();
+    r.backend = f->backend() ? f->backend()->str() : "";
+  }
+  r.cost = CostFromWire(t.cost());
+  r.replica = t.replica() ? t.replica()->str() : "";
+  r.client_tag = t.client_tag() ? t.client_tag()->str() : "";
+  r.error = StatusFromWire(t.error());
+  return r;
+}
+
+}  // namespace
+
+Client::Client(const ClientOptions& options)
+    : options_(options), ctx_(1), sock_(ctx_, zmq::socket_type::dealer) {}
+
+Client::~Client() = default;
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  std::unique_ptr<Client> c(new Client(options));
+  try {
+    c->sock_.set(zmq::sockopt::linger, 0);
+    c->sock_.set(zmq::sockopt::rcvhwm, 0);
+    c->sock_.connect(options.endpoint);
+  } catch (const zmq::error_t& e) {
+    return Status::Unavailable("connect " + options.endpoint + ": " + e.what());
+  }
+  return c;
+}
+
+Status Client::SendRaw(std::string_view bytes) {
+  try {
+    sock_.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    return Status::Unavailable(std::string("send: ") + e.what());
+  }
+  return Status::Ok();
+}
+
+std::string EncodeSubmit(const SubmitRequest& q, uint64_t request_id) {
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  std::vector<flatbuffers::Offset<wire::Prompt>> prompts;
+  for (const auto& p : q.prompts) prompts.push_back(wire::CreatePrompt(fbb, fbb.CreateVector(p)));
+  for (const auto& t : q.text_prompts) {
+    prompts.push_back(wire::CreatePrompt(fbb, 0, fbb.CreateString(t)));
+  }
+  auto pv = fbb.CreateVector(prompts);
+  auto sp = wire::CreateSamplingParams(fbb, q.temperature, q.top_k, q.top_p, q.min_p);
+  auto stop_ids = fbb.CreateVector(q.stop_ids);
+  auto stop_strings = fbb.CreateVectorOfStrings(q.stop_strings);
+  auto tag = fbb.CreateString(q.client_tag);
+  auto m = wire::CreateSubmitRollouts(fbb, q.group_id, pv, q.n, sp, q.seed, q.max_tokens,
+                                      q.max_turns, stop_ids, stop_strings, q.stop_at_eos, 0,
+                                      q.priority, tag, q.stream_tokens);
+  FinishEnvelope(fbb, request_id, wire::Message_SubmitRollouts, m.Union());
+  return std::string(BufferView(fbb));
+}
+
+Status Client::Submit(const SubmitRequest& q) {
+  if (q.prompts.empty() == q.text_prompts.empty()) {
+    return Status::InvalidArgument("set exactly one of prompts and text_prompts");
+  }
+  return SendRaw(EncodeSubmit(q, next_request_id_++));
+}
+
+Result<Event> Client::Receive(int timeout_ms) {
+  zmq::message_t msg;
+  try {
+    zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms));
+    if (!(item.revents & ZMQ_POLLIN) || !sock_.recv(msg, zmq::recv_flags::dontwait)) {
+      return Status::Timeout("no message within " + std::to_string(timeout_ms) + " ms");
+    }
+  } catch (const zmq::error_t& e) {
+    return Status::Unavailable(std::string("recv: ") + e.what());
+  }
+  std::vector<uint64_t> aligned;
+  BR_ASSIGN_OR_RETURN(
+      const wire::Envelope* env,
+      DecodeEnvelope(AlignForRead(msg.data(), msg.size(), &aligned), msg.size(), options_.decode));
+  Event ev;
+  ev.request_id = env->request_id();
+  switch (env->msg_type()) {
+    case wire::Message_Trajectory:
+      ev.kind = Event::Kind::kTrajectory;
+      ev.trajectory = FromWire(*env->msg_as_Trajectory());
+      break;
+    case wire::Message_TokenChunk: {
+      const auto* c = env->msg_as_TokenChunk();
+      ev.kind = Event::Kind::kTokenChunk;
+      ev.chunk.group_id = c->group_id();
+      ev.chunk.prompt_index = c->prompt_index();
+      ev.chunk.sample_index = c->sample_index();
+      ev.chunk.position_begin = c->position_begin();
+      if (c->ids()) ev.chunk.ids.assign(c->ids()->begin(), c->ids()->end());
+      if (c->logprobs()) ev.chunk.logprobs.assign(c->logprobs()->begin(), c->logprobs()->end());
+      ev.chunk.weight_version = c->weight_version();
+      break;
+    }
+    case wire::Message_GroupDone: {
+      const auto* d = env->msg_as_GroupDone();
+      ev.kind = Event::Kind::kGroupDone;
+      ev.done = {d->group_id(), d->trajectories(), d->errors(), d->aborted(),
+                 CostFromWire(d->cost())};
+      break;
+    }
+    case wire::Message_Error:
+      ev.kind = Event::Kind::kError;
+      ev.error = StatusFromWire(env->msg_as_Error());
+      if (ev.error.ok()) ev.error = Status::Internal("Error message with code Ok");
+      ev.error_group_id = env->msg_as_Error()->group_id();
+      break;
+    case wire::Message_Ack:
+    case wire::Message_StatusReply:
+      ev.kind = Event::Kind::kReply;
+      ev.reply.assign(static_cast<const char*>(msg.data()), msg.size());
+      break;
+    default:
+      return Status::Protocol(std::string("unexpected message type ") +
+                              wire::EnumNameMessage(env->msg_type()));
+  }
+  return ev;
+}
+
+Result<Event> Client::Next(int timeout_ms) {
+  if (!pending_.empty()) {
+    Event e = std::move(pending_.front());
+    pending_.pop_front();
+    return e;
+  }
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    BR_ASSIGN_OR_RETURN(Event e, Receive(RemainingMs(deadline)));
+    if (e.kind == Event::Kind::kReply) continue;  // a reply nobody waits for
+    return e;
+  }
+}
+
+Result<Event> Client::WaitReply(uint64_t request_id, int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    BR_ASSIGN_OR_RETURN(Event e, Receive(RemainingMs(deadline)));
+    if (e.request_id == request_id && e.kind == Event::Kind::kReply) return e;
+    if (e.request_id == request_id && e.kind == Event::Kind::kError) return e.error;
+    if (e.kind != Event::Kind::kReply) pending_.push_back(std::move(e));
+  }
+}
+
+Result<std::vector<TrajectoryResult>> Client::Run(const SubmitRequest& request, int timeout_ms,
+                                                  GroupSummary* summary) {
+  BR_RETURN_IF_ERROR(Submit(request));
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::vector<TrajectoryResult> out;
+  std::deque<Event> others;
+  Status result;
+  while (true) {
+    auto e = Receive(RemainingMs(deadline));
+    if (!e.ok()) {
+      result = e.status();
+      break;
+    }
+    Event& ev = *e;
+    if (ev.kind == Event::Kind::kTrajectory && ev.trajectory.group_id == request.group_id) {
+      out.push_back(std::move(ev.trajectory));
+    } else if (ev.kind == Event::Kind::kGroupDone && ev.done.group_id == request.group_id) {
+      if (summary) *summary = ev.done;
+      break;
+    } else if (ev.kind == Event::Kind::kError && !ev.error.ok() &&
+               ev.error_group_id == request.group_id) {
+      result = ev.error;
+      break;
+    } else if (ev.kind == Event::Kind::kTokenChunk && ev.chunk.group_id == request.group_id) {
+      continue;  // Run() returns whole trajectories; use Next() to see chunks
+    } else if (ev.kind != Event::Kind::kReply) {
+      others.push_back(std::move(ev));
+    }
+  }
+  for (auto& ev : others) pending_.push_back(std::move(ev));
+  if (!result.ok()) return result;
+  std::sort(out.begin(), out.end(), [](const TrajectoryResult& a, const TrajectoryResult& b) {
+    return std::tie(a.prompt_index, a.sample_index) < std::tie(b.prompt_index, b.sample_index);
+  });
+  return out;
+}
+
+Status Client::Abort(uint64_t group_id) {
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto m = wire::CreateAbort(fbb, group_id);
+  FinishEnvelope(fbb, next_request_id_++, wire::Message_Abort, m.Union());
+  return SendRaw(BufferView(fbb));
+}
+
+Result<uint64_t> Client::UpdateWeights(const std::string& path, uint64_t version, bool drain,
+                                       int timeout_ms) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto m = wire::CreateUpdateWeights(fbb, fbb.CreateString(path), version, drain);
+  const uint64_t rid = next_request_id_++;
+  FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union());
+  BR_RETURN_IF_ERROR(SendRaw(BufferView(fbb)));
+  BR_ASSIGN_OR_RETURN(Event e, WaitReply(rid, timeout_ms));
+  const auto* env = wire::GetEnvelope(e.reply.data());
+  if (env->msg_type() != wire::Message_Ack) return Status::Protocol("expected Ack");
+  return env->msg_as_Ack()->weight_version();
+}
+
+Status Client::Drain(bool resume, int timeout_ms) {
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto m = wire::CreateDrain(fbb, resume);
+  const uint64_t rid = next_request_id_++;
+  FinishEnvelope(fbb, rid, wire::Message_Drain, m.Union());
+  BR_RETURN_IF_ERROR(SendRaw(BufferView(fbb)));
+  BR_ASSIGN_OR_RETURN(Event e, WaitReply(rid, timeout_ms));
+  (void)e;
+  return Status::Ok();
+}
+
+Result<StatusInfo> Client::GetStatus(int timeout_ms) {
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto m = wire::CreateStatus(fbb);
+  const uint64_t rid = next_request_id_++;
+  FinishEnvelope(fbb, rid, wire::Message_Status, m.Union());
+  BR_RETURN_IF_ERROR(SendRaw(BufferView(fbb)));
+  BR_ASSIGN_OR_RETURN(Event e, WaitReply(rid, timeout_ms));
+  const auto* env = wire::GetEnvelope(e.reply.data());
+  if (env->msg_type() != wire::Message_StatusReply) return Status::Protocol("expected StatusReply");
+  const auto* s = env->msg_as_StatusReply();
+  StatusInfo r;
+  r.queued = s->queued();
+  r.inflight = s->inflight();
+  r.groups = s->groups();
+  if (s->replicas()) {
+    for (const wire::ReplicaLoad* l : *s->replicas()) {
+      r.replicas.push_back({l->name() ? l->name()->str() : "", l->queued(), l->running(),
+                            l->tokens_per_s(), l->weight_version(), l->alive(), l->remote()});
+    }
+  }
+  r.tokens_per_s = s->tokens_per_s();
+  r.cache_hit_rate = s->cache_hit_rate();
+  r.trajectories_done = s->trajectories_done();
+  r.weight_version = s->weight_version();
+  r.draining = s->draining();
+  return r;
+}
+
+Status Client::Ack(uint64_t group_id, const std::vector<std::pair<uint32_t, uint32_t>>& samples) {
+  std::vector<uint32_t> p, s;
+  for (auto [a, b] : samples) {
+    p.push_back(a);
+    s.push_back(b);
+  }
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto m = wire::CreateAck(fbb, group_id, fbb.CreateVector(p), fbb.CreateVector(s), 0);
+  FinishEnvelope(fbb, next_request_id_++, wire::Message_Ack, m.Union());
+  return SendRaw(BufferView(fbb));
+}
+
+}  // namespace bitroll::rollout

@@ -1,0 +1,170 @@
+// rollout/client.h: C++ client of the rollout service (docs/protocol.md).
+//
+// A Client is one ZeroMQ DEALER connected to the coordinator. Submit() sends a group and returns at
+// once; Next() yields events (trajectories as they finish, token chunks when streaming, GroupDone,
+// errors) for all of this client's groups in arrival order. Run() is Submit() plus waiting for that
+// group's GroupDone. Control calls (UpdateWeights, Drain, GetStatus) wait for the reply with the
+// same request id; events that arrive meanwhile are kept for Next().
+//
+// Thread-safety: a Client is NOT thread-safe; use one per thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "rollout/protocol.h"
+#include "schema/status.h"
+
+namespace bitroll::rollout {
+
+struct ClientOptions {
+  std::string endpoint = "tcp://127.0.0.1:5555";
+  DecodeLimits decode;  // applied to replies
+};
+
+struct SubmitRequest {
+  uint64_t group_id = 0;
+  std::vector<std::vector<int32_t>> prompts;  // token ids ...
+  std::vector<std::string> text_prompts;      // ... or text (tokenized by the replica); not both
+  uint32_t n = 1;
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  int32_t max_tokens = 256;
+  int32_t max_turns = 1;
+  std::vector<int32_t> stop_ids;
+  std::vector<std::string> stop_strings;
+  bool stop_at_eos = true;
+  int32_t priority = 0;
+  std::string client_tag;
+  bool stream_tokens = false;
+};
+
+struct TrajectoryResult {
+  uint64_t group_id = 0;
+  uint32_t prompt_index = 0;
+  uint32_t sample_index = 0;
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  wire::FinishReason finish = wire::FinishReason_None;
+  int32_t turns = 0;
+  std::vector<std::pair<int32_t, uint64_t>> versions;  // (first token, weight version)
+  uint64_t weights_hash = 0;
+  std::string backend;
+  CostInfo cost;
+  std::string replica;
+  std::string client_tag;
+  Status error;
+};
+
+struct TokenChunkResult {
+  uint64_t group_id = 0;
+  uint32_t prompt_index = 0;
+  uint32_t sample_index = 0;
+  int32_t position_begin = 0;
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  uint64_t weight_version = 0;
+};
+
+struct GroupSummary {
+  uint64_t group_id = 0;
+  uint32_t trajectories = 0;
+  uint32_t errors = 0;
+  uint32_t aborted = 0;
+  CostInfo cost;
+};
+
+struct ReplicaInfo {
+  std::string name;
+  uint32_t queued = 0;
+  int64_t running = 0;
+  double tokens_per_s = 0.0;
+  uint64_t weight_version = 0;
+  bool alive = false;
+  bool remote = false;
+};
+
+struct StatusInfo {
+  uint32_t queued = 0;
+  uint32_t inflight = 0;
+  uint32_t groups = 0;
+  std::vector<ReplicaInfo> replicas;
+  double tokens_per_s = 0.0;
+  double cache_hit_rate = 0.0;
+  uint64_t trajectories_done = 0;
+  uint64_t weight_version = 0;
+  bool draining = false;
+};
+
+struct Event {
+  // kReply: a control reply (Ack / StatusReply); Next() never returns one.
+  enum class Kind { kTrajectory, kTokenChunk, kGroupDone, kError, kReply };
+  Kind kind = Kind::kError;
+  uint64_t request_id = 0;
+  TrajectoryResult trajectory;  // kTrajectory
+  TokenChunkResult chunk;       // kTokenChunk
+  GroupSummary done;            // kGroupDone
+  Status error;                 // kError (error.code() mirrors the wire code)
+  uint64_t error_group_id = 0;  // kError: the group concerned, 0 if none
+  std::string reply;            // kReply: the verified envelope bytes
+};
+
+// The SubmitRollouts envelope for `request` (no client-side checks: tests send bad ones).
+std::string EncodeSubmit(const SubmitRequest& request, uint64_t request_id);
+
+class Client {
+ public:
+  // Connects (ZeroMQ connects lazily; the first send waits for the peer).
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+
+  // Sends a group. Validation errors come back asynchronously as an Error event for group_id.
+  // Errors here: kInvalidArgument (both or neither of prompts/text_prompts), kUnavailable.
+  Status Submit(const SubmitRequest& request);
+
+  // The next event, waiting up to timeout_ms. kTimeout when none arrived.
+  Result<Event> Next(int timeout_ms);
+
+  // Submit() and collect the group's trajectories (sorted by prompt, then sample index) until
+  // GroupDone. An Error event for the group is returned as the error. Other groups' events are
+  // kept for Next().
+  Result<std::vector<TrajectoryResult>> Run(const SubmitRequest& request, int timeout_ms,
+                                            GroupSummary* summary = nullptr);
+
+  Status Abort(uint64_t group_id);
+  // Waits for every replica to load `path`; returns the live version.
+  Result<uint64_t> UpdateWeights(const std::string& path, uint64_t version, bool drain,
+                                 int timeout_ms);
+  // resume = false: pause dispatch and wait until nothing is in flight. true: resume.
+  Status Drain(bool resume, int timeout_ms);
+  Result<StatusInfo> GetStatus(int timeout_ms);
+  // Tells the service the trainer has stored these trajectories.
+  Status Ack(uint64_t group_id, const std::vector<std::pair<uint32_t, uint32_t>>& samples);
+
+  // Sends arbitrary bytes as one message (tests: malformed input).
+  Status SendRaw(std::string_view bytes);
+
+ private:
+  explicit Client(const ClientOptions& options);
+  Result<Event> Receive(int timeout_ms);
+  // Waits for the reply to request_id (an Ack, StatusReply or Error envelope, decoded into *out).
+  // The reply (kReply) or the Error for request_id; other events are kept for Next().
+  Result<Event> WaitReply(uint64_t request_id, int timeout_ms);
+
+  ClientOptions options_;
+  zmq::context_t ctx_;
+  zmq::socket_t sock_;
+  std::deque<Event> pending_;
+  uint64_t next_request_id_ = 1;
+};
+
+}  // namespace bitroll::rollout

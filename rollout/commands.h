@@ -1,0 +1,18 @@
+// rollout/commands.h: the `bitroll` executable's subcommands. Each takes the arguments after the
+// subcommand name (argv[0] is the subcommand) and returns the process exit status.
+#pragma once
+
+namespace bitroll::rollout {
+
+// bitroll serve --model PATH --replicas N --bind tcp://127.0.0.1:PORT [--config F] [...]
+int CmdServe(int argc, char** argv);
+// bitroll replica --connect tcp://HOST:PORT --model PATH [--name S] [--config F]
+int CmdReplica(int argc, char** argv);
+// bitroll cost FILE.jsonl [--format table|csv|json] [--price-replica-hour USD] ...
+int CmdCost(int argc, char** argv);
+// bitroll generate ... (rollout/cmd_generate.cc, when built)
+int CmdGenerate(int argc, char** argv);
+// bitroll make-model ... (rollout/cmd_make_model.cc, when built)
+int CmdMakeModel(int argc, char** argv);
+
+}  // namespace bitroll::rollout

@@ -1,0 +1,84 @@
+// Tests of rollout/config.{h,cc}: JSON config and flags, and their exact errors.
+#include "rollout/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace bitroll::rollout {
+namespace {
+
+Status Flags(std::vector<std::string> args, ServeConfig* c) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return ApplyFlags(static_cast<int>(argv.size()), argv.data(), 1, c);
+}
+
+TEST(ConfigTest, JsonSetsEveryField) {
+  ServeConfig c;
+  ASSERT_TRUE(ParseConfigJson(R"({"bind": "tcp://127.0.0.1:7000", "replicas": 3,
+      "engine": "null", "max_queued": 99, "replica_timeout_ms": 1234,
+      "limits": {"max_n": 16, "max_tokens": 100},
+      "price": {"replica_hour_usd": 2.5, "sandbox_cpu_hour_usd": 0.25},
+      "null_engine": {"vocab_size": 64, "step_delay_us": 7}})",
+                              &c)
+                  .ok());
+  EXPECT_EQ(c.coordinator.bind, "tcp://127.0.0.1:7000");
+  EXPECT_EQ(c.replicas, 3);
+  EXPECT_EQ(c.engine, "null");
+  EXPECT_EQ(c.coordinator.max_queued, 99u);
+  EXPECT_EQ(c.coordinator.replica_timeout_ms, 1234);
+  EXPECT_EQ(c.coordinator.submit.max_n, 16u);
+  EXPECT_EQ(c.coordinator.submit.max_tokens, 100);
+  EXPECT_EQ(c.coordinator.price.replica_hour_usd, 2.5);
+  EXPECT_EQ(c.coordinator.price.sandbox_cpu_hour_usd, 0.25);
+  EXPECT_EQ(c.null_engine.vocab_size, 64);
+  EXPECT_EQ(c.null_engine.step_delay_us, 7);
+}
+
+TEST(ConfigTest, BadJsonGetsExactErrors) {
+  ServeConfig c;
+  Status s = ParseConfigJson("[1, 2]", &c);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "config is not a JSON object");
+  s = ParseConfigJson(R"({"replicaz": 2})", &c);
+  EXPECT_EQ(s.message(), "unknown config key 'replicaz' in the top level");
+  s = ParseConfigJson(R"({"price": {"gpu_hour": 1}})", &c);
+  EXPECT_EQ(s.message(), "unknown config key 'gpu_hour' in price");
+  s = ParseConfigJson(R"({"replicas": "two"})", &c);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("config key 'replicas': ", 0), 0u) << s.message();
+  EXPECT_EQ(LoadConfigFile("/nonexistent/bitroll.json", &c).code(), ErrorCode::kNotFound);
+}
+
+TEST(ConfigTest, FlagsOverrideTheFile) {
+  const std::string path = std::string(BITROLL_BINARY_DIR) + "/config_test.json";
+  std::ofstream(path) << R"({"replicas": 3, "bind": "tcp://127.0.0.1:7000"})";
+  ServeConfig c;
+  // --replicas comes before --config on the command line and still wins.
+  ASSERT_TRUE(Flags({"serve", "--replicas", "5", "--config", path, "--engine", "null"}, &c).ok());
+  EXPECT_EQ(c.replicas, 5);
+  EXPECT_EQ(c.coordinator.bind, "tcp://127.0.0.1:7000");
+  EXPECT_EQ(c.engine, "null");
+  std::remove(path.c_str());
+}
+
+TEST(ConfigTest, BadFlags) {
+  ServeConfig c;
+  Status s = Flags({"serve", "--replicas", "x"}, &c);
+  EXPECT_EQ(s.message(), "--replicas: not an integer: x");
+  s = Flags({"serve", "--frobnicate", "1"}, &c);
+  EXPECT_EQ(s.message(), "unknown flag --frobnicate");
+  s = Flags({"serve", "--model"}, &c);
+  EXPECT_EQ(s.message(), "--model needs a value (or is unknown)");
+  s = Flags({"serve", "--engine", "gpu"}, &c);
+  EXPECT_EQ(s.message(), "--engine must be auto or null");
+  ServeConfig d;
+  s = Flags({"serve", "--replicas", "-1"}, &d);
+  EXPECT_EQ(s.message(), "--replicas must be in [0, 1024]");
+}
+
+}  // namespace
+}  // namespace bitroll::rollout

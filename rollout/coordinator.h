@@ -1,0 +1,95 @@
+// rollout/coordinator.h: the rollout service's coordinator.
+//
+// Clients (ZeroMQ DEALER) talk to a ROUTER bound at Options::bind; replicas (DEALER) talk to a
+// second ROUTER bound at an inproc:// endpoint (in-process workers) and, when
+// Options::replica_bind is set, at a tcp:// / ipc:// endpoint for `bitroll replica` processes.
+// docs/protocol.md has the message flow.
+//
+// One coordinator thread owns both sockets and all state: it validates and queues submitted
+// samples (bounded: beyond max_queued a Submit gets Busy), dispatches them to replicas (prefix
+// affinity first, then least loaded, never past a replica's capacity), relays trajectories and
+// token chunks to clients as they finish, then GroupDone. A replica silent for
+// replica_timeout_ms is declared dead and its work is re-queued for the others; as every sample
+// is a pure function of (prompt, params, seed, sample_index) the result is the same bits.
+//
+// Ownership: the Coordinator owns its in-process engines, threads and sockets.
+// Thread-safety: Start/Stop/endpoint accessors may be called from any one thread; everything else
+// happens on the coordinator's own threads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "engine/engine.h"
+#include "rollout/protocol.h"
+#include "rollout/replica.h"
+#include "schema/status.h"
+
+namespace bitroll::rollout {
+
+// Converts engine-seconds and sandbox CPU seconds into money.
+struct PriceTable {
+  double replica_hour_usd = 0.0;      // price of one replica (engine) hour
+  double sandbox_cpu_hour_usd = 0.0;  // price of one sandbox CPU hour
+};
+
+struct CoordinatorOptions {
+  // Client endpoint. "tcp://127.0.0.1:*" picks a free port (see Coordinator::endpoint()).
+  std::string bind = "tcp://127.0.0.1:5555";
+  // Endpoint for remote replicas; empty = in-process replicas only.
+  std::string replica_bind;
+  // Samples accepted but not finished, over all clients. A Submit that would exceed it gets Busy.
+  uint64_t max_queued = 1 << 20;
+  // A replica that sends nothing (heartbeats included) for this long is declared dead.
+  int replica_timeout_ms = 5000;
+  // Pending outgoing messages per client socket before ZeroMQ reports EAGAIN (then we buffer).
+  int client_sndhwm = 100000;
+  DecodeLimits decode;
+  SubmitLimits submit;  // submit.vocab_size is taken from the first replica when 0
+  PriceTable price;
+  ReplicaOptions local_replica;  // options for in-process replicas (name gets "-<i>")
+};
+
+class Coordinator {
+ public:
+  // Binds the sockets, starts one in-process replica thread per engine and the coordinator
+  // thread. Errors: kUnavailable (a bind failed), kInvalidArgument (bad options).
+  static Result<std::unique_ptr<Coordinator>> Start(
+      const CoordinatorOptions& options, std::vector<std::unique_ptr<engine::Engine>> engines);
+
+  // Stops the threads and closes the sockets. Idempotent.
+  void Stop();
+  ~Coordinator();
+
+  // Resolved endpoints (wildcard ports replaced by the bound ones).
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& replica_endpoint() const { return replica_endpoint_; }
+
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  struct State;  // coordinator-thread state (coordinator.cc)
+
+ private:
+  Coordinator() = default;
+
+  std::unique_ptr<zmq::context_t> ctx_;
+  std::unique_ptr<State> state_;
+  std::vector<std::unique_ptr<engine::Engine>> engines_;
+  std::vector<std::unique_ptr<ReplicaOptions>> replica_options_;
+  std::vector<std::thread> replica_threads_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_replicas_{false};
+  std::string endpoint_;
+  std::string replica_endpoint_;
+  std::string inproc_endpoint_;
+};
+
+}  // namespace bitroll::rollout

@@ -1,0 +1,70 @@
+// rollout/main.cc: the `bitroll` executable: subcommand dispatch.
+#include <cstdio>
+#include <cstring>
+
+#include "rollout/commands.h"
+
+namespace {
+
+void PrintHelp(FILE* out) {
+  std::fprintf(
+      out,
+      "bitroll: bitwise-reproducible rollouts for RL training of language models\n"
+      "\n"
+      "usage: bitroll <command> [flags]\n"
+      "\n"
+      "commands:\n"
+      "  serve       run the rollout coordinator with in-process replicas\n"
+      "              --model PATH --replicas N --bind tcp://127.0.0.1:PORT\n"
+      "              [--replica-bind tcp://0.0.0.0:PORT] [--config FILE.json]\n"
+      "              [--engine auto|null] [--threads N] [--max-queued N]\n"
+      "              [--replica-timeout-ms N] [--price-replica-hour USD]\n"
+      "  replica     run one engine replica for a remote coordinator\n"
+      "              --connect tcp://HOST:PORT --model PATH [--name S] [--engine auto|null]\n"
+      "  cost        cost tables from trajectories (JSON Lines)\n"
+      "              FILE.jsonl [--format table|csv|json] [--price-replica-hour USD]\n"
+      "  generate    generate from a prompt locally (no service)\n"
+      "  make-model  write a small random model for tests\n"
+      "  --help      this text\n"
+      "\n"
+      "docs/protocol.md describes the wire protocol and the config file.\n");
+}
+
+#if !defined(BITROLL_HAVE_CMD_GENERATE) || !defined(BITROLL_HAVE_CMD_MAKE_MODEL)
+int NotBuilt(const char* name) {
+  std::fprintf(stderr, "bitroll %s: not built in this configuration\n", name);
+  return 2;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    PrintHelp(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const char* cmd = argv[1];
+  using namespace bitroll::rollout;
+  if (!std::strcmp(cmd, "serve")) return CmdServe(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "replica")) return CmdReplica(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "cost")) return CmdCost(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "generate")) {
+#ifdef BITROLL_HAVE_CMD_GENERATE
+    return CmdGenerate(argc - 1, argv + 1);
+#else
+    return NotBuilt("generate");
+#endif
+  }
+  if (!std::strcmp(cmd, "make-model")) {
+#ifdef BITROLL_HAVE_CMD_MAKE_MODEL
+    return CmdMakeModel(argc - 1, argv + 1);
+#else
+    return NotBuilt("make-model");
+#endif
+  }
+  std::fprintf(stderr, "bitroll: unknown command '%s'\n\n", cmd);
+  PrintHelp(stderr);
+  return 2;
+}

@@ -1,0 +1,215 @@
+#include "rollout/protocol.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace bitroll::rollout {
+
+Result<const wire::Envelope*> DecodeEnvelope(const void* data, size_t size,
+                                             const DecodeLimits& limits) {
+  if (size > limits.max_message_bytes) {
+    return Status::ResourceExhausted("message of " + std::to_string(size) +
+                                     " bytes exceeds the limit of " +
+                                     std::to_string(limits.max_message_bytes));
+  }
+  if (data == nullptr || size < 8) {
+    return Status::Protocol("message of " + std::to_string(size) + " bytes is too short");
+  }
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  if (!flatbuffers::BufferHasIdentifier(bytes, wire::EnvelopeIdentifier())) {
+    return Status::Protocol("message lacks the BRL1 file identifier");
+  }
+  flatbuffers::Verifier verifier(bytes, size, limits.max_depth, limits.max_tables);
+  if (!wire::VerifyEnvelopeBuffer(verifier)) {
+    return Status::Protocol("message fails the FlatBuffers verifier");
+  }
+  const wire::Envelope* env = wire::GetEnvelope(bytes);
+  if (env->protocol_version() != kProtocolVersion) {
+    return Status::Protocol("protocol version " + std::to_string(env->protocol_version()) +
+                            " is not supported (this build speaks " +
+                            std::to_string(kProtocolVersion) + ")");
+  }
+  const auto type = env->msg_type();
+  if (type == wire::Message_NONE || type > wire::Message_MAX || env->msg() == nullptr) {
+    return Status::Protocol("unknown message type " + std::to_string(static_cast<int>(type)));
+  }
+  return env;
+}
+
+const void* AlignForRead(const void* data, size_t size, std::vector<uint64_t>* storage) {
+  if (reinterpret_cast<uintptr_t>(data) % 8 == 0) return data;
+  storage->resize((size + 7) / 8);
+  if (size > 0) std::memcpy(storage->data(), data, size);
+  return storage->data();
+}
+
+namespace {
+
+Status CheckIds(const flatbuffers::Vector<int32_t>* ids, int32_t vocab, const char* what,
+                uint32_t index) {
+  if (ids == nullptr) return Status::Ok();
+  for (flatbuffers::uoffset_t k = 0; k < ids->size(); ++k) {
+    const int32_t id = ids->Get(k);
+    if (id < 0 || (vocab > 0 && id >= vocab)) {
+      return Status::OutOfRange(std::string(what) + " " + std::to_string(index) + ": token id " +
+                                std::to_string(id) + " at " + std::to_string(k) +
+                                " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits) {
+  const auto* prompts = m.prompts();
+  if (prompts == nullptr || prompts->size() == 0) {
+    return Status::InvalidArgument("SubmitRollouts has no prompts");
+  }
+  if (prompts->size() > limits.max_prompts) {
+    return Status::InvalidArgument("SubmitRollouts has " + std::to_string(prompts->size()) +
+                                   " prompts; the limit is " + std::to_string(limits.max_prompts));
+  }
+  if (m.n() == 0 || m.n() > limits.max_n) {
+    return Status::InvalidArgument("n = " + std::to_string(m.n()) + " is outside [1, " +
+                                   std::to_string(limits.max_n) + "]");
+  }
+  const uint64_t samples = uint64_t{prompts->size()} * m.n();
+  if (samples > limits.max_samples) {
+    return Status::InvalidArgument("group of " + std::to_string(samples) +
+                                   " samples exceeds the limit of " +
+                                   std::to_string(limits.max_samples));
+  }
+  if (m.max_tokens() < 1 || m.max_tokens() > limits.max_tokens) {
+    return Status::InvalidArgument("max_tokens = " + std::to_string(m.max_tokens()) +
+                                   " is outside [1, " + std::to_string(limits.max_tokens) + "]");
+  }
+  if (m.max_turns() < 1 || m.max_turns() > limits.max_turns) {
+    return Status::InvalidArgument("max_turns = " + std::to_string(m.max_turns()) +
+                                   " is outside [1, " + std::to_string(limits.max_turns) + "]");
+  }
+  if (const auto* s = m.sampling()) {
+    if (!std::isfinite(s->temperature()) || s->temperature() < 0.0f) {
+      return Status::InvalidArgument("temperature must be finite and >= 0");
+    }
+    if (s->top_k() < 0) return Status::InvalidArgument("top_k must be >= 0");
+    if (!(s->top_p() > 0.0f && s->top_p() <= 1.0f)) {
+      return Status::InvalidArgument("top_p must be in (0, 1]");
+    }
+    if (!(s->min_p() >= 0.0f && s->min_p() <= 1.0f)) {
+      return Status::InvalidArgument("min_p must be in [0, 1]");
+    }
+  }
+  for (uint32_t i = 0; i < prompts->size(); ++i) {
+    const wire::Prompt* p = prompts->Get(i);
+    const bool has_ids = p->ids() != nullptr;
+    const bool has_text = p->text() != nullptr;
+    if (has_ids == has_text) {
+      return Status::InvalidArgument("prompt " + std::to_string(i) +
+                                     " must set exactly one of ids and text");
+    }
+    const size_t len = has_ids ? p->ids()->size() : p->text()->size();
+    if (len == 0) return Status::InvalidArgument("prompt " + std::to_string(i) + " is empty");
+    if (len > limits.max_prompt_tokens) {
+      return Status::InvalidArgument("prompt " + std::to_string(i) + " has " + std::to_string(len) +
+                                     " elements; the limit is " +
+                                     std::to_string(limits.max_prompt_tokens));
+    }
+    BR_RETURN_IF_ERROR(CheckIds(p->ids(), limits.vocab_size, "prompt", i));
+  }
+  BR_RETURN_IF_ERROR(CheckIds(m.stop_ids(), limits.vocab_size, "stop_ids", 0));
+  if (const auto* tools = m.tools()) {
+    for (uint32_t i = 0; i < tools->size(); ++i) {
+      const wire::ToolSpec* t = tools->Get(i);
+      if (t->tier() > wire::ToolTier_MAX) {
+        return Status::InvalidArgument("tool " + t->name()->str() + " has an unknown tier");
+      }
+      if (t->command_template() == nullptr && t->function() == nullptr) {
+        return Status::InvalidArgument("tool " + t->name()->str() +
+                                       " has neither a command template nor a function");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckMessage(const void* data, size_t size, const DecodeLimits& decode,
+                    const SubmitLimits& submit) {
+  BR_ASSIGN_OR_RETURN(const wire::Envelope* env, DecodeEnvelope(data, size, decode));
+  switch (env->msg_type()) {
+    case wire::Message_SubmitRollouts:
+      return ValidateSubmit(*env->msg_as_SubmitRollouts(), submit);
+    case wire::Message_UpdateWeights: {
+      const auto* u = env->msg_as_UpdateWeights();
+      if (u->path() == nullptr || u->path()->size() == 0) {
+        return Status::InvalidArgument("UpdateWeights: no path");
+      }
+      return Status::Ok();
+    }
+    default:
+      return Status::Ok();
+  }
+}
+
+wire::ErrorCode ToWire(ErrorCode code) {
+  return static_cast<wire::ErrorCode>(code);
+}
+
+ErrorCode FromWire(wire::ErrorCode code) {
+  if (code > wire::ErrorCode_MAX) return ErrorCode::kInternal;
+  return static_cast<ErrorCode>(code);
+}
+
+Status StatusFromWire(const wire::Error* e) {
+  if (e == nullptr || e->code() == wire::ErrorCode_Ok) return Status::Ok();
+  return Status(FromWire(e->code()), e->message() ? e->message()->str() : std::string());
+}
+
+void CostInfo::Add(const CostInfo& o) {
+  prefill_computed += o.prefill_computed;
+  prefill_cached += o.prefill_cached;
+  decode_tokens += o.decode_tokens;
+  engine_seconds += o.engine_seconds;
+  queue_seconds += o.queue_seconds;
+  sandbox_seconds += o.sandbox_seconds;
+  sandbox_cpu_seconds += o.sandbox_cpu_seconds;
+  wal_bytes += o.wal_bytes;
+  price_usd += o.price_usd;
+}
+
+CostInfo CostFromWire(const wire::Cost* c) {
+  CostInfo r;
+  if (c == nullptr) return r;
+  r.prefill_computed = c->prefill_computed();
+  r.prefill_cached = c->prefill_cached();
+  r.decode_tokens = c->decode_tokens();
+  r.engine_seconds = c->engine_seconds();
+  r.queue_seconds = c->queue_seconds();
+  r.sandbox_seconds = c->sandbox_seconds();
+  r.sandbox_cpu_seconds = c->sandbox_cpu_seconds();
+  r.wal_bytes = c->wal_bytes();
+  r.price_usd = c->price_usd();
+  return r;
+}
+
+flatbuffers::Offset<wire::Cost> BuildCost(flatbuffers::FlatBufferBuilder& fbb, const CostInfo& c) {
+  return wire::CreateCost(fbb, c.prefill_computed, c.prefill_cached, c.decode_tokens,
+                          c.engine_seconds, c.queue_seconds, c.sandbox_seconds,
+                          c.sandbox_cpu_seconds, c.wal_bytes, c.price_usd);
+}
+
+void FinishEnvelope(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id, wire::Message type,
+                    flatbuffers::Offset<void> msg) {
+  auto env = wire::CreateEnvelope(fbb, kProtocolVersion, request_id, type, msg);
+  wire::FinishEnvelopeBuffer(fbb, env);
+}
+
+std::string EncodeError(uint64_t request_id, const Status& status, uint64_t group_id) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto err =
+      wire::CreateError(fbb, ToWire(status.code()), fbb.CreateString(status.message()), group_id);
+  FinishEnvelope(fbb, request_id, wire::Message_Error, err.Union());
+  return std::string(BufferView(fbb));
+}
+
+}  // namespace bitroll::rollout

@@ -1,0 +1,100 @@
+// rollout/protocol.h: decoding, validation and encoding of bitroll wire messages
+// (schema/rollout.fbs; docs/protocol.md).
+//
+// Every byte string that arrives on a socket goes through DecodeEnvelope() before anything reads
+// it: the FlatBuffers verifier, the file identifier, the protocol version and the message type are
+// all checked there, so code past it may trust the buffer's structure. ValidateSubmit() then checks
+// a SubmitRollouts' values (n, max_tokens, token ids, ...).
+//
+// Thread-safety: every function here is a pure function of its arguments; call from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "schema/rollout_generated.h"
+#include "schema/status.h"
+
+namespace bitroll::rollout {
+
+// Version carried in every Envelope. Bump on an incompatible change to schema/rollout.fbs.
+inline constexpr uint32_t kProtocolVersion = 1;
+
+struct DecodeLimits {
+  // Larger messages are refused with kResourceExhausted before the verifier runs.
+  size_t max_message_bytes = size_t{64} << 20;
+  // Verifier limits: nesting depth and number of tables (guards against pathological buffers).
+  uint32_t max_depth = 64;
+  uint32_t max_tables = 4'000'000;
+};
+
+// Verifies `data[0, size)` as an Envelope and returns a pointer into `data` (not owned; valid while
+// `data` is). Errors: kResourceExhausted (size > max_message_bytes), kProtocol (too short, wrong
+// file identifier, verifier failure, wrong protocol_version, empty or unknown message type).
+Result<const wire::Envelope*> DecodeEnvelope(const void* data, size_t size,
+                                             const DecodeLimits& limits);
+
+// ZeroMQ hands out message data at any address (right after its 2- or 9-byte frame header), but
+// FlatBuffers reads assume natural alignment. Returns `data` when it is 8-byte aligned, else a
+// copy of it in *storage (which must outlive the use of the result).
+const void* AlignForRead(const void* data, size_t size, std::vector<uint64_t>* storage);
+
+struct SubmitLimits {
+  uint32_t max_prompts = 4096;     // prompts per group
+  uint32_t max_n = 4096;           // samples per prompt
+  uint64_t max_samples = 1 << 20;  // prompts x n per group
+  int32_t max_tokens = 1 << 20;    // per trajectory
+  int32_t max_turns = 64;
+  size_t max_prompt_tokens = 1 << 20;  // ids or text bytes per prompt
+  int32_t vocab_size = 0;              // token ids must be < vocab_size; 0 = not yet known
+};
+
+// Checks a verified SubmitRollouts. Errors: kInvalidArgument (no prompts, n == 0 or too large,
+// max_tokens < 1 or too large, bad sampling params, a prompt with neither or both of ids/text,
+// an empty prompt), kOutOfRange (a token id < 0 or >= vocab_size, in a prompt or in stop_ids).
+Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits);
+
+// DecodeEnvelope(), then the per-type checks a receiver applies (ValidateSubmit for
+// SubmitRollouts). The one entry point of the fuzz target (rollout/fuzz_decode.cc).
+Status CheckMessage(const void* data, size_t size, const DecodeLimits& decode,
+                    const SubmitLimits& submit);
+
+wire::ErrorCode ToWire(ErrorCode code);
+// Unknown wire codes map to kInternal.
+ErrorCode FromWire(wire::ErrorCode code);
+// OK when `e` is null.
+Status StatusFromWire(const wire::Error* e);
+
+// What a trajectory consumed (wire::Cost as a value).
+struct CostInfo {
+  int64_t prefill_computed = 0;
+  int64_t prefill_cached = 0;
+  int64_t decode_tokens = 0;
+  double engine_seconds = 0.0;
+  double queue_seconds = 0.0;
+  double sandbox_seconds = 0.0;
+  double sandbox_cpu_seconds = 0.0;
+  int64_t wal_bytes = 0;
+  double price_usd = 0.0;
+
+  void Add(const CostInfo& o);
+};
+CostInfo CostFromWire(const wire::Cost* c);  // zeros when null
+flatbuffers::Offset<wire::Cost> BuildCost(flatbuffers::FlatBufferBuilder& fbb, const CostInfo& c);
+
+// Finishes `fbb` as an Envelope holding `msg` of `type` with the current protocol version.
+void FinishEnvelope(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id, wire::Message type,
+                    flatbuffers::Offset<void> msg);
+
+// A complete encoded Error envelope.
+std::string EncodeError(uint64_t request_id, const Status& status, uint64_t group_id = 0);
+
+inline std::string_view BufferView(const flatbuffers::FlatBufferBuilder& fbb) {
+  return {reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize()};
+}
+
+}  // namespace bitroll::rollout

@@ -1,0 +1,307 @@
+#include "rollout/replica.h"
+
+#include <chrono>
+#include <unordered_map>
+
+#include <spdlog/spdlog.h>
+
+#include "rollout/protocol.h"
+
+#if __has_include("engine/tokenizer.h")
+#include "engine/tokenizer.h"
+#define BITROLL_HAVE_TOKENIZER_H 1
+#endif
+
+namespace bitroll::rollout {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ItemMeta {
+  uint64_t group_id = 0;
+  uint32_t prompt_index = 0;
+  uint32_t sample_index = 0;
+  bool stream = false;
+  int32_t prompt_len = 0;
+};
+
+wire::FinishReason ToWireFinish(engine::FinishReason f) {
+  return static_cast<wire::FinishReason>(f);
+}
+
+flatbuffers::Offset<wire::Fingerprint> BuildFingerprint(flatbuffers::FlatBufferBuilder& fbb,
+                                                        const engine::NumericsFingerprint& f) {
+  return wire::CreateFingerprint(fbb, f.weights_hash, f.kernel_version, f.attention_chunk,
+                                 fbb.CreateString(f.backend));
+}
+
+class ReplicaLoop {
+ public:
+  ReplicaLoop(engine::Engine& engine, zmq::context_t& ctx, const ReplicaOptions& options)
+      : engine_(engine), sock_(ctx, zmq::socket_type::dealer), options_(options) {}
+
+  Status Run(const std::string& endpoint, const std::atomic<bool>& stop) {
+    try {
+      sock_.set(zmq::sockopt::linger, 0);
+      sock_.set(zmq::sockopt::sndhwm, 0);
+      sock_.set(zmq::sockopt::rcvhwm, 0);
+      sock_.connect(endpoint);
+      SendHello();
+    } catch (const zmq::error_t& e) {
+      return Status::Unavailable(std::string("replica connect: ") + e.what());
+    }
+    auto last_beat = Clock::now();
+    while (!stop.load(std::memory_order_relaxed)) {
+      try {
+        const bool busy = engine_.HasWork();
+        zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+        zmq::poll(&item, 1,
+                  std::chrono::milliseconds(busy ? 0 : std::min(options_.heartbeat_ms, 50)));
+        zmq::message_t msg;
+        while (sock_.recv(msg, zmq::recv_flags::dontwait)) Handle(msg);
+        if (engine_.HasWork()) BR_RETURN_IF_ERROR(StepOnce());
+        if (Clock::now() - last_beat >= std::chrono::milliseconds(options_.heartbeat_ms)) {
+          SendHeartbeat();
+          last_beat = Clock::now();
+        }
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;  // a signal; `stop` says whether to leave
+        return Status::Unavailable(std::string("replica socket: ") + e.what());
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  void Send(flatbuffers::FlatBufferBuilder& fbb) {
+    sock_.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()), zmq::send_flags::none);
+  }
+
+  void SendHello() {
+    const engine::ModelInfo& info = engine_.info();
+    flatbuffers::FlatBufferBuilder fbb(512);
+    auto hello = wire::CreateReplicaHello(fbb, fbb.CreateString(options_.name), info.vocab_size,
+                                          info.max_seq_len, BuildFingerprint(fbb, info.fingerprint),
+                                          options_.capacity, version_, options_.remote);
+    FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, hello.Union());
+    Send(fbb);
+  }
+
+  void SendHeartbeat() {
+    const engine::EngineStats s = engine_.stats();
+    flatbuffers::FlatBufferBuilder fbb(128);
+    auto hb =
+        wire::CreateReplicaHeartbeat(fbb, s.running, s.waiting, version_, s.prefill_tokens_computed,
+                                     s.prefill_tokens_cached, s.decode_tokens);
+    FinishEnvelope(fbb, 0, wire::Message_ReplicaHeartbeat, hb.Union());
+    Send(fbb);
+  }
+
+  void Handle(const zmq::message_t& msg) {
+    auto env = DecodeEnvelope(AlignForRead(msg.data(), msg.size(), &align_buf_), msg.size(),
+                              DecodeLimits{});
+    if (!env.ok()) {
+      spdlog::warn("replica={} dropped a message from the coordinator: {}", options_.name,
+                   env.status().ToString());
+      return;
+    }
+    const wire::Envelope* e = *env;
+    switch (e->msg_type()) {
+      case wire::Message_ReplicaWork: {
+        const auto* items = e->msg_as_ReplicaWork()->items();
+        if (items == nullptr) return;
+        for (const wire::WorkItem* w : *items) AddWork(*w);
+        return;
+      }
+      case wire::Message_ReplicaAbort: {
+        const auto* ids = e->msg_as_ReplicaAbort()->work_ids();
+        if (ids == nullptr) return;
+        for (uint64_t id : *ids) {
+          if (meta_.count(id)) (void)engine_.Abort(id);
+        }
+        return;
+      }
+      case wire::Message_UpdateWeights: {
+        const auto* u = e->msg_as_UpdateWeights();
+        const std::string path = u->path() ? u->path()->str() : std::string();
+        Status s = engine_.UpdateWeights(path, u->version());
+        flatbuffers::FlatBufferBuilder fbb(128);
+        if (s.ok()) {
+          version_ = u->version();
+          spdlog::info("replica={} weights path={} version={}", options_.name, path, version_);
+          auto ack = wire::CreateAck(fbb, 0, 0, 0, version_);
+          FinishEnvelope(fbb, e->request_id(), wire::Message_Ack, ack.Union());
+        } else {
+          auto err = wire::CreateError(fbb, ToWire(s.code()), fbb.CreateString(s.message()));
+          FinishEnvelope(fbb, e->request_id(), wire::Message_Error, err.Union());
+        }
+        Send(fbb);
+        return;
+      }
+      default:
+        spdlog::warn("replica={} ignores message type {}", options_.name,
+                     wire::EnumNameMessage(e->msg_type()));
+    }
+  }
+
+  void AddWork(const wire::WorkItem& w) {
+    engine::SequenceRequest req;
+    req.id = w.work_id();
+    req.group_id = w.group_id();
+    req.sample_index = w.sample_index();
+    req.priority = w.priority();
+    if (const auto* s = w.sampling()) {
+      req.sampling.temperature = s->temperature();
+      req.sampling.top_k = s->top_k();
+      req.sampling.top_p = s->top_p();
+      req.sampling.min_p = s->min_p();
+    }
+    req.sampling.seed = w.seed();
+    req.stop.max_tokens = w.max_tokens();
+    req.stop.stop_at_eos = w.stop_at_eos();
+    if (w.stop_ids()) req.stop.stop_ids.assign(w.stop_ids()->begin(), w.stop_ids()->end());
+    ItemMeta meta{w.group_id(), w.prompt_index(), w.sample_index(), w.stream_tokens()};
+    Status s;
+    const wire::Prompt* p = w.prompt();
+    if (p == nullptr) {
+      s = Status::InvalidArgument("work item without a prompt");
+    } else if (p->ids() != nullptr) {
+      req.prompt.assign(p->ids()->begin(), p->ids()->end());
+    } else if (p->text() != nullptr) {
+      Result<std::vector<int32_t>> ids = EncodeText(p->text()->string_view());
+      if (ids.ok()) {
+        req.prompt = std::move(ids).value();
+      } else {
+        s = ids.status();
+      }
+    }
+    const auto prompt_len = static_cast<int32_t>(req.prompt.size());
+    if (s.ok()) s = engine_.Add(std::move(req));
+    if (!s.ok()) {
+      engine::SequenceOutput out;
+      out.id = w.work_id();
+      out.finish = engine::FinishReason::kError;
+      out.error = s;
+      flatbuffers::FlatBufferBuilder fbb(256);
+      std::vector<flatbuffers::Offset<wire::Trajectory>> t{BuildTrajectory(fbb, out, meta)};
+      auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(t), 0, 0);
+      FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
+      Send(fbb);
+      return;
+    }
+    meta.prompt_len = prompt_len;
+    if (meta.stream) ++streaming_;
+    meta_[w.work_id()] = meta;
+  }
+
+  // Text prompts: the options' encoder, else the engine's tokenizer (with BOS, as
+  // `bitroll generate` does), else kUnsupported.
+  Result<std::vector<int32_t>> EncodeText(std::string_view text) {
+    if (options_.encode_text) return options_.encode_text(text);
+#ifdef BITROLL_HAVE_TOKENIZER_H
+    if (const engine::Tokenizer* tk = engine_.tokenizer()) return tk->Encode(text, true);
+#endif
+    return Status::Unsupported("this replica has no tokenizer for text prompts");
+  }
+
+  flatbuffers::Offset<wire::Trajectory> BuildTrajectory(flatbuffers::FlatBufferBuilder& fbb,
+                                                        const engine::SequenceOutput& out,
+                                                        const ItemMeta& m) {
+    std::vector<wire::VersionSpan> spans;
+    spans.reserve(out.versions.size());
+    for (const auto& v : out.versions) spans.emplace_back(v.begin, v.version);
+    CostInfo c;
+    c.prefill_computed = out.cost.prefill_tokens_computed;
+    c.prefill_cached = out.cost.prefill_tokens_cached;
+    c.decode_tokens = out.cost.decode_tokens;
+    c.engine_seconds = out.cost.engine_seconds;
+    flatbuffers::Offset<wire::Error> err;
+    if (!out.error.ok()) {
+      err = wire::CreateError(fbb, ToWire(out.error.code()), fbb.CreateString(out.error.message()),
+                              m.group_id);
+    }
+    auto ids = fbb.CreateVector(out.tokens);
+    auto lps = fbb.CreateVector(out.logprobs);
+    auto vs = fbb.CreateVectorOfStructs(spans);
+    auto fp = BuildFingerprint(fbb, engine_.info().fingerprint);
+    auto cost = BuildCost(fbb, c);
+    auto name = fbb.CreateString(options_.name);
+    wire::TrajectoryBuilder b(fbb);
+    b.add_group_id(m.group_id);
+    b.add_prompt_index(m.prompt_index);
+    b.add_sample_index(m.sample_index);
+    b.add_ids(ids);
+    b.add_logprobs(lps);
+    b.add_finish(ToWireFinish(out.finish));
+    b.add_turns(1);
+    b.add_versions(vs);
+    b.add_fingerprint(fp);
+    b.add_cost(cost);
+    b.add_replica(name);
+    if (!out.error.ok()) b.add_error(err);
+    b.add_work_id(out.id);
+    return b.Finish();
+  }
+
+  Status StepOnce() {
+    auto step = engine_.Step();
+    if (!step.ok()) {
+      spdlog::error("replica={} engine step failed: {}", options_.name, step.status().ToString());
+      return step.status();
+    }
+    const engine::StepResult& r = *step;
+    tokens_processed_ += r.tokens_processed;
+    if (r.finished.empty() && streaming_ == 0) return Status::Ok();
+    flatbuffers::FlatBufferBuilder fbb(1024);
+    std::vector<flatbuffers::Offset<wire::TokenChunk>> chunks;
+    if (streaming_ > 0) {
+      for (const engine::TokenEvent& t : r.tokens) {
+        auto it = meta_.find(t.id);
+        if (it == meta_.end() || !it->second.stream) continue;
+        const ItemMeta& m = it->second;
+        // position_begin counts generated tokens; the engine's position is absolute.
+        auto ids = fbb.CreateVector(&t.token, 1);
+        auto lps = fbb.CreateVector(&t.logprob, 1);
+        chunks.push_back(wire::CreateTokenChunk(fbb, m.group_id, m.prompt_index, m.sample_index,
+                                                t.position - m.prompt_len, ids, lps,
+                                                t.weight_version, t.id));
+      }
+    }
+    std::vector<flatbuffers::Offset<wire::Trajectory>> trajs;
+    trajs.reserve(r.finished.size());
+    for (const engine::SequenceOutput& out : r.finished) {
+      auto it = meta_.find(out.id);
+      if (it == meta_.end()) continue;
+      trajs.push_back(BuildTrajectory(fbb, out, it->second));
+      if (it->second.stream) --streaming_;
+      meta_.erase(it);
+    }
+    if (trajs.empty() && chunks.empty()) return Status::Ok();
+    auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(trajs), fbb.CreateVector(chunks),
+                                          tokens_processed_);
+    tokens_processed_ = 0;
+    FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
+    Send(fbb);
+    return Status::Ok();
+  }
+
+  engine::Engine& engine_;
+  zmq::socket_t sock_;
+  const ReplicaOptions& options_;
+  std::unordered_map<uint64_t, ItemMeta> meta_;  // live work items by work_id
+  int64_t streaming_ = 0;                        // live items with stream_tokens
+  uint64_t version_ = 0;
+  int64_t tokens_processed_ = 0;
+  std::vector<uint64_t> align_buf_;  // AlignForRead storage
+};
+
+}  // namespace
+
+Status RunReplica(engine::Engine& engine, zmq::context_t& ctx, const std::string& endpoint,
+                  const ReplicaOptions& options, const std::atomic<bool>& stop) {
+  ReplicaLoop loop(engine, ctx, options);
+  return loop.Run(endpoint, stop);
+}
+
+}  // namespace bitroll::rollout

@@ -1,0 +1,46 @@
+// rollout/replica.h: a replica is an Engine plus one thread driving Step().
+//
+// RunReplica() connects a ZeroMQ DEALER to the coordinator's replica endpoint (inproc:// for an
+// in-process worker, tcp:// or ipc:// for `bitroll replica`), says ReplicaHello, then loops:
+// take ReplicaWork / ReplicaAbort / UpdateWeights messages, run one engine Step() while there is
+// work, send finished trajectories (and token chunks of streaming samples) as ReplicaResults, and a
+// ReplicaHeartbeat every heartbeat_ms. Weight updates are applied between two Step() calls.
+//
+// The replica never decides anything numerical: each WorkItem carries (prompt, sampling params,
+// seed, sample_index); the engine's results are a pure function of those.
+//
+// Ownership: the caller owns `engine` and `ctx`; both must outlive the call.
+// Thread-safety: RunReplica() uses `engine` from the calling thread only; `stop` may be set from
+// any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "engine/engine.h"
+#include "schema/status.h"
+
+namespace bitroll::rollout {
+
+struct ReplicaOptions {
+  std::string name = "replica";  // shown in Status and in each Trajectory
+  bool remote = false;           // informational: a separate process / host
+  uint32_t capacity = 256;       // work items the coordinator may keep in flight here
+  int heartbeat_ms = 100;        // liveness signal; the coordinator's timeout is several of these
+  // Encodes a text prompt into token ids. Unset: the engine's tokenizer (BOS prepended, as
+  // `bitroll generate` does); an engine without one finishes text prompts with kUnsupported.
+  std::function<Result<std::vector<int32_t>>(std::string_view)> encode_text;
+};
+
+// Runs the replica loop until `stop` is true. Returns OK on a clean stop, or the socket error
+// (kUnavailable) that ended it.
+Status RunReplica(engine::Engine& engine, zmq::context_t& ctx, const std::string& endpoint,
+                  const ReplicaOptions& options, const std::atomic<bool>& stop);
+
+}  // namespace bitroll::rollout

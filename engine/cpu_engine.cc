@@ -10,12 +10,18 @@ namespace bitroll::engine {
 
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kEos: return "eos";
-    case FinishReason::kAborted: return "aborted";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kAborted:
+      return "aborted";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -38,8 +44,12 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
     return Status::InvalidArgument("engine: threads must be in [1, 1024], got " +
                                    std::to_string(o.threads));
   }
-  if (o.max_step_tokens < 1 || o.max_running < 1) {
-    return Status::InvalidArgument("engine: max_step_tokens and max_running must be >= 1");
+  if (o.max_step_tokens < 1 || o.max_running < 1 || o.max_prefill_chunk < 1) {
+    return Status::InvalidArgument(
+        "engine: max_step_tokens, max_running and max_prefill_chunk must be >= 1");
+  }
+  if (o.preempt_every_steps < 0 || o.kv_disk_bytes < 0) {
+    return Status::InvalidArgument("engine: preempt_every_steps and kv_disk_bytes must be >= 0");
   }
   BR_ASSIGN_OR_RETURN(kernels::Isa isa, kernels::ParseIsa(o.isa));
   BR_ASSIGN_OR_RETURN(kernels::AttentionKernel attention, ParseAttention(o.attention));
@@ -50,7 +60,8 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   e->pool_ = std::make_unique<kernels::ThreadPool>(o.threads);
   const ModelConfig& c = parts.weights->config;
   if (parts.tokenizer != nullptr && parts.tokenizer->vocab_size() != c.vocab_size) {
-    return Status::InvalidArgument("tokenizer has " + std::to_string(parts.tokenizer->vocab_size()) +
+    return Status::InvalidArgument("tokenizer has " +
+                                   std::to_string(parts.tokenizer->vocab_size()) +
                                    " tokens, model expects " + std::to_string(c.vocab_size));
   }
   e->tokenizer_ = std::move(parts.tokenizer);
@@ -79,23 +90,39 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   const int64_t per_seq = (c.max_seq_len + kv.block_size - 1) / kv.block_size;
   kv.num_blocks = o.kv_cache_bytes / KvCache::BlockBytes(kv);
   if (kv.num_blocks < per_seq) {
-    return Status::InvalidArgument(
-        "engine: kv_cache_bytes " + std::to_string(o.kv_cache_bytes) +
-        " holds fewer blocks than one full-context sequence needs (" + std::to_string(per_seq) +
-        " blocks of " + std::to_string(KvCache::BlockBytes(kv)) + " bytes)");
+    return Status::InvalidArgument("engine: kv_cache_bytes " + std::to_string(o.kv_cache_bytes) +
+                                   " holds fewer blocks than one full-context sequence needs (" +
+                                   std::to_string(per_seq) + " blocks of " +
+                                   std::to_string(KvCache::BlockBytes(kv)) + " bytes)");
   }
   BR_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(kv));
+  if (!o.kv_disk_dir.empty()) {
+    KvDiskTierOptions dopt;
+    dopt.dir = o.kv_disk_dir;
+    dopt.max_bytes = o.kv_disk_bytes;
+    BR_ASSIGN_OR_RETURN(e->disk_, KvDiskTier::Open(dopt, kv.block_size, e->cache_->block_floats()));
+  }
+  PrefixCacheOptions popt;
+  popt.enabled = o.prefix_cache;
+  popt.seed = PrefixCache::ChainSeed(e->info_.fingerprint.weights_hash, kernels::kKernelVersion,
+                                     kv.block_size) ^
+              (parts.weight_storage == kernels::DType::kBF16 ? 0xbf16ull : 0);
+  popt.disk = e->disk_.get();
+  e->prefix_ = std::make_unique<PrefixCache>(e->cache_.get(), popt);
   SchedulerOptions so;
   so.max_step_tokens = o.max_step_tokens;
   so.max_running = o.max_running;
-  e->scheduler_ = std::make_unique<Scheduler>(so);
-  e->sampler_ = std::make_unique<Sampler>(isa);
+  so.max_prefill_chunk = o.max_prefill_chunk;
+  so.preempt_every_steps = o.preempt_every_steps;
+  e->scheduler_ = std::make_unique<Scheduler>(so, e->cache_.get(), e->prefix_.get());
+  for (int i = 0; i < o.threads; ++i) e->samplers_.push_back(std::make_unique<Sampler>(isa));
   return e;
 }
 
 Status CpuEngine::Add(SequenceRequest r) {
   const int32_t vocab = info_.vocab_size;
-  if (r.prompt.empty()) return Status::InvalidArgument("sequence " + std::to_string(r.id) + ": empty prompt");
+  if (r.prompt.empty())
+    return Status::InvalidArgument("sequence " + std::to_string(r.id) + ": empty prompt");
   if (live_.count(r.id) != 0) {
     return Status::InvalidArgument("sequence " + std::to_string(r.id) + " is already live");
   }
@@ -148,24 +175,13 @@ void CpuEngine::Finish(Sequence* s, FinishReason reason) {
   live_.erase(it);
 }
 
-void CpuEngine::Consume(Sequence* s, int32_t position, const float* logits, StepResult* out) {
-  const int32_t next = position + 1;
-  const int32_t vocab = info_.vocab_size;
-  int32_t token;
-  float logprob;
-  bool sampled;
-  if (next < static_cast<int32_t>(s->tokens.size())) {  // a forced token: score it
-    token = s->tokens[next];
-    logprob = sampler_->LogProb(logits, vocab, s->req.sampling, token);
-    sampled = false;
-  } else {
-    const SampleResult r =
-        sampler_->Sample(logits, vocab, s->req.sampling, s->req.sample_index, next);
-    token = r.token;
-    logprob = r.logprob;
-    sampled = true;
-    s->tokens.push_back(token);
-  }
+void CpuEngine::Consume(const Pick& pick, StepResult* out) {
+  Sequence* s = pick.seq;
+  const int32_t next = pick.position + 1;
+  const int32_t token = pick.forced ? s->tokens[next] : pick.result.token;
+  const float logprob = pick.result.logprob;
+  const bool sampled = !pick.forced;
+  if (sampled) s->tokens.push_back(token);
   s->logprobs.push_back(logprob);
   if (s->versions.back().version != weight_version_) {
     s->versions.push_back({static_cast<int32_t>(s->logprobs.size()) - 1, weight_version_});
@@ -176,7 +192,8 @@ void CpuEngine::Consume(Sequence* s, int32_t position, const float* logits, Step
   if (static_cast<int32_t>(s->logprobs.size()) < s->n_known - s->n_prompt) return;
   const StopParams& stop = s->req.stop;
   if (sampled) {
-    if ((stop.stop_at_eos && token == info_.eos_id) || (stop.stop_at_bos && token == info_.bos_id)) {
+    if ((stop.stop_at_eos && token == info_.eos_id) ||
+        (stop.stop_at_bos && token == info_.bos_id)) {
       Finish(s, FinishReason::kEos);
       return;
     }
@@ -185,7 +202,8 @@ void CpuEngine::Consume(Sequence* s, int32_t position, const float* logits, Step
       return;
     }
   }
-  if (s->generated() >= stop.max_tokens || static_cast<int32_t>(s->tokens.size()) >= info_.max_seq_len) {
+  if (s->generated() >= stop.max_tokens ||
+      static_cast<int32_t>(s->tokens.size()) >= info_.max_seq_len) {
     Finish(s, FinishReason::kLength);
   }
 }
@@ -196,7 +214,7 @@ Result<StepResult> CpuEngine::Step() {
   std::vector<Sequence*> live;
   live.reserve(live_.size());
   for (auto& [id, s] : live_) live.push_back(s.get());
-  const std::vector<ScheduledChunk> chunks = scheduler_->Plan(live, cache_.get());
+  const std::vector<ScheduledChunk> chunks = scheduler_->Plan(live);
 
   rows_.clear();
   int64_t n_logits = 0;
@@ -236,16 +254,34 @@ Result<StepResult> CpuEngine::Step() {
     s->cost.engine_seconds += seconds * c.count / static_cast<double>(rows_.size());
     s->n_cached = end;
     s->high_water = std::max(s->high_water, end);
+    scheduler_->Commit(s);
   }
+  // Sampling and scoring are pure per row, so they run in parallel, one Sampler per worker; the
+  // results are then applied in row order (a sequence may finish part-way through its chunk).
+  picks_.clear();
   row = 0;
   for (const ScheduledChunk& c : chunks) {
-    Sequence* s = c.seq;
     for (int32_t p = c.begin; p < c.begin + c.count; ++p, ++row) {
       if (!rows_[row].want_logits) continue;
-      const float* logits = logits_.data() + li * info_.vocab_size;
+      const bool forced = p + 1 < static_cast<int32_t>(c.seq->tokens.size());
+      picks_.push_back({c.seq, p, logits_.data() + li * info_.vocab_size, forced, {}});
       ++li;
-      if (s->finish == FinishReason::kNone) Consume(s, p, logits, &out);
     }
+  }
+  const int32_t vocab = info_.vocab_size;
+  pool_->Run(static_cast<int64_t>(picks_.size()), [&](int worker, int64_t i) {
+    Pick& k = picks_[i];
+    Sampler& sampler = *samplers_[worker];
+    const SamplingParams& sp = k.seq->req.sampling;
+    if (k.forced) {
+      k.result.token = k.seq->tokens[k.position + 1];
+      k.result.logprob = sampler.LogProb(k.logits, vocab, sp, k.result.token);
+    } else {
+      k.result = sampler.Sample(k.logits, vocab, sp, k.seq->req.sample_index, k.position + 1);
+    }
+  });
+  for (const Pick& k : picks_) {
+    if (k.seq->finish == FinishReason::kNone) Consume(k, &out);
   }
   out.tokens_processed = static_cast<int64_t>(rows_.size());
   ++totals_.steps;
@@ -275,7 +311,53 @@ EngineStats CpuEngine::stats() const {
   for (const auto& [id, q] : live_) (q->running ? s.running : s.waiting)++;
   s.kv_blocks_total = cache_->num_blocks();
   s.kv_blocks_free = cache_->free_blocks();
+  const SchedulerStats& ss = scheduler_->stats();
+  s.prefill_tokens_cached = ss.prefill_tokens_cached;
+  s.preemptions = ss.preemptions;
+  s.cow_copies = ss.cow_copies;
+  s.group_shared_tokens = ss.group_shared_tokens;
+  const PrefixCacheStats& ps = prefix_->stats();
+  s.kv_blocks_cached = prefix_->size();
+  s.prefix_evictions = ps.evictions;
+  s.disk_hit_blocks = ps.disk_hit_blocks;
+  s.disk_spilled_blocks = ps.spilled;
+  if (disk_ != nullptr) s.disk_corrupt_blocks = disk_->stats().corrupt;
   return s;
+}
+
+Status CpuEngine::CheckBlockAccounting() const {
+  const int64_t n = cache_->num_blocks();
+  std::vector<int32_t> expect(static_cast<size_t>(n), 0);
+  for (const auto& [id, s] : live_) {
+    if (!s->running && !s->blocks.empty()) {
+      return Status::Internal("sequence " + std::to_string(id) +
+                              " is not running but holds blocks");
+    }
+    for (int32_t b : s->blocks) {
+      if (b < 0 || b >= n)
+        return Status::Internal("sequence " + std::to_string(id) + ": bad block");
+      ++expect[b];
+    }
+    const int32_t bs = cache_->block_size();
+    if (static_cast<int64_t>(s->blocks.size()) * bs < s->n_cached) {
+      return Status::Internal("sequence " + std::to_string(id) + ": table shorter than n_cached");
+    }
+  }
+  int64_t free = 0;
+  for (int32_t b = 0; b < n; ++b) {
+    const int32_t want = expect[b] + (prefix_->Holds(b) ? 1 : 0);
+    if (cache_->RefCount(b) != want) {
+      return Status::Internal("block " + std::to_string(b) + ": reference count " +
+                              std::to_string(cache_->RefCount(b)) + ", held " +
+                              std::to_string(want) + " times");
+    }
+    free += want == 0 ? 1 : 0;
+  }
+  if (free != cache_->free_blocks()) {
+    return Status::Internal("free list has " + std::to_string(cache_->free_blocks()) + " blocks, " +
+                            std::to_string(free) + " have no reference");
+  }
+  return Status::Ok();
 }
 
 Status CpuEngine::UpdateWeights(const std::string& path, uint64_t version) {
@@ -289,11 +371,17 @@ Status CpuEngine::UpdateWeights(const std::string& path, uint64_t version) {
   }
   TransformerOptions topt = transformer_->options();
   const uint64_t hash = w.weights_hash;
-  BR_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> t,
-                      Transformer::Create(std::make_shared<const ModelWeights>(std::move(w)), topt));
+  BR_ASSIGN_OR_RETURN(
+      std::unique_ptr<Transformer> t,
+      Transformer::Create(std::make_shared<const ModelWeights>(std::move(w)), topt));
   // Cached K/V were computed by the old weights; running sequences are recomputed from their
   // tokens under the new ones.
-  for (auto& [id, s] : live_) Scheduler::ReleaseBlocks(s.get(), cache_.get());
+  for (auto& [id, s] : live_) {
+    Scheduler::ReleaseBlocks(s.get(), cache_.get());
+    s->block_hashes.clear();  // chained from the old weights' seed
+  }
+  prefix_->Reset(PrefixCache::ChainSeed(hash, kernels::kKernelVersion, cache_->block_size()) ^
+                 (weight_storage_ == kernels::DType::kBF16 ? 0xbf16ull : 0));
   transformer_ = std::move(t);
   weight_version_ = version;
   info_.fingerprint.weights_hash = hash;

@@ -12,6 +12,8 @@
 
 #include "engine/engine.h"
 #include "engine/kv_cache.h"
+#include "engine/kv_disk_tier.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
@@ -29,7 +31,8 @@ struct CpuEngineParts {
   // Matmul weight storage; kBF16 is a different numerics fingerprint ("cpu-bf16").
   kernels::DType weight_storage = kernels::DType::kF32;
   // Test seam (see TransformerOptions::matmul_override); nullptr in production.
-  void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&, kernels::ThreadPool*) = nullptr;
+  void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
+                          kernels::ThreadPool*) = nullptr;
 };
 
 class CpuEngine final : public Engine {
@@ -49,11 +52,30 @@ class CpuEngine final : public Engine {
   void set_attention_kernel(kernels::AttentionKernel k) { transformer_->set_attention_kernel(k); }
   const Transformer& transformer() const { return *transformer_; }
 
+  // Checks the KV block accounting: every block's reference count equals the number of block
+  // tables that hold it plus one if the prefix cache names it, and exactly the blocks with count 0
+  // are free. kInternal with the first discrepancy. O(blocks + table entries); for tests.
+  Status CheckBlockAccounting() const;
+  // Drops every prefix-cache entry (the disk tier keeps its files).
+  void ClearPrefixCache() { prefix_->Clear(); }
+  // Internals for tests (the negative controls corrupt cached K/V on purpose).
+  KvCache* kv_cache_for_test() { return cache_.get(); }
+  const PrefixCache& prefix_cache() const { return *prefix_; }
+  const KvDiskTier* disk_tier() const { return disk_.get(); }
+
  private:
   CpuEngine() = default;
   void Finish(Sequence* s, FinishReason reason);
-  // Applies a sampled or scored token to `s` after its row at `position` produced `logits`.
-  void Consume(Sequence* s, int32_t position, const float* logits, StepResult* out);
+  // One row's logits turned into a token: a forced token scored, or a new token sampled.
+  struct Pick {
+    Sequence* seq;
+    int32_t position;  // of the row; the token is for position + 1
+    const float* logits;
+    bool forced;
+    SampleResult result;
+  };
+  // Applies a pick to its sequence: appends the token, records it, checks the stop conditions.
+  void Consume(const Pick& pick, StepResult* out);
 
   EngineOptions opt_;
   ModelInfo info_;
@@ -61,8 +83,10 @@ class CpuEngine final : public Engine {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Transformer> transformer_;
   std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<KvDiskTier> disk_;     // may be null
+  std::unique_ptr<PrefixCache> prefix_;  // declared after cache_: destroyed first
   std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<Sampler> sampler_;
+  std::vector<std::unique_ptr<Sampler>> samplers_;  // one per pool worker
   kernels::DType weight_storage_ = kernels::DType::kF32;
 
   std::map<uint64_t, std::unique_ptr<Sequence>> live_;  // id order: deterministic iteration
@@ -72,6 +96,7 @@ class CpuEngine final : public Engine {
   EngineStats totals_;
   std::vector<float> logits_;
   std::vector<ForwardRow> rows_;
+  std::vector<Pick> picks_;
 };
 
 }  // namespace bitroll::engine

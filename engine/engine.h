@@ -126,6 +126,15 @@ struct EngineStats {
   int64_t prefill_tokens_cached = 0;
   int64_t decode_tokens = 0;
   int64_t steps = 0;
+  // KV cache and scheduler (engine/prefix_cache.h, engine/scheduler.h).
+  int64_t kv_blocks_cached = 0;     // blocks named by the prefix cache (some may also be in use)
+  int64_t prefix_evictions = 0;     // unreferenced cached blocks freed for reuse
+  int64_t preemptions = 0;          // sequences whose blocks were released to make room
+  int64_t cow_copies = 0;           // shared blocks copied before a write
+  int64_t group_shared_tokens = 0;  // cached tokens taken from a running group sibling
+  int64_t disk_hit_blocks = 0;      // prefix blocks loaded back from the disk tier
+  int64_t disk_spilled_blocks = 0;  // evicted blocks written to the disk tier
+  int64_t disk_corrupt_blocks = 0;  // disk blocks that failed verification (treated as misses)
 };
 
 class Tokenizer;  // engine/tokenizer.h
@@ -140,6 +149,14 @@ struct EngineOptions {
   int32_t max_step_tokens = 512;  // token budget of one step (prefill chunks + decodes)
   int32_t max_running = 256;      // sequences decoding at once
   uint64_t weight_version = 0;    // recorded on every token this engine produces
+  // Prefix cache and GRPO sharing: full KV blocks are reused across sequences by a hash chain of
+  // their tokens, and group siblings share the prompt's blocks (copy-on-write). Never changes a
+  // bit; false recomputes everything (the reference the tests compare against).
+  bool prefix_cache = true;
+  std::string kv_disk_dir;              // non-empty: evicted prefix blocks spill to files here
+  int64_t kv_disk_bytes = 1ll << 30;    // size cap of the disk tier (LRU files deleted above it)
+  int32_t max_prefill_chunk = 256;      // prefill rows per sequence before others get a turn
+  int32_t preempt_every_steps = 0;      // test hook: preempt one running sequence every k steps
 };
 
 class Engine {

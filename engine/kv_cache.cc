@@ -1,5 +1,6 @@
 #include "engine/kv_cache.h"
 
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -49,7 +50,9 @@ Result<int32_t> KvCache::Allocate() {
   return b;
 }
 
-void KvCache::Retain(int32_t block) { ++refs_[block]; }
+void KvCache::Retain(int32_t block) {
+  ++refs_[block];
+}
 
 void KvCache::Release(int32_t block) {
   if (--refs_[block] == 0) free_.push_back(block);
@@ -66,6 +69,33 @@ void KvCache::Write(int32_t layer, int32_t block, int32_t slot, const float* k, 
       kb[d * bs + slot] = k[h * hd + d];
       vb[slot * hd + d] = v[h * hd + d];
     }
+  }
+}
+
+void KvCache::CopyBlock(int32_t src, int32_t dst) {
+  const int64_t per = int64_t{opt_.n_kv_heads} * opt_.head_dim * opt_.block_size;
+  for (int32_t l = 0; l < opt_.n_layers; ++l) {
+    const int64_t base = l * layer_stride_;
+    std::memcpy(k_.data() + base + dst * per, k_.data() + base + src * per, per * sizeof(float));
+    std::memcpy(v_.data() + base + dst * per, v_.data() + base + src * per, per * sizeof(float));
+  }
+}
+
+void KvCache::ExportBlock(int32_t block, float* out) const {
+  const int64_t per = int64_t{opt_.n_kv_heads} * opt_.head_dim * opt_.block_size;
+  for (int32_t l = 0; l < opt_.n_layers; ++l) {
+    const int64_t base = l * layer_stride_ + block * per;
+    std::memcpy(out + (2 * l) * per, k_.data() + base, per * sizeof(float));
+    std::memcpy(out + (2 * l + 1) * per, v_.data() + base, per * sizeof(float));
+  }
+}
+
+void KvCache::ImportBlock(int32_t block, const float* in) {
+  const int64_t per = int64_t{opt_.n_kv_heads} * opt_.head_dim * opt_.block_size;
+  for (int32_t l = 0; l < opt_.n_layers; ++l) {
+    const int64_t base = l * layer_stride_ + block * per;
+    std::memcpy(k_.data() + base, in + (2 * l) * per, per * sizeof(float));
+    std::memcpy(v_.data() + base, in + (2 * l + 1) * per, per * sizeof(float));
   }
 }
 

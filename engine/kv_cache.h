@@ -2,13 +2,18 @@
 //
 // Memory is a pool of fixed-size blocks of `block_size` token slots per layer, in the layout the
 // attention kernel reads (kernels/cpu/attention.h):
-//   K [layer][block][kv_head][head_dim][block_size]   V [layer][block][kv_head][block_size][head_dim]
+//   K [layer][block][kv_head][head_dim][block_size]   V
+//   [layer][block][kv_head][block_size][head_dim]
 // A sequence owns a block table (block ids in position order). Blocks are reference counted so
 // that sequences can share the blocks of a common prefix; a block returns to the free list when its
 // last reference is released.
 //
 // Invariance: where a token's K/V lives (which block id) never changes a bit; attention reads keys
 // through the block table in position order.
+//
+// Sharing: a block with RefCount() > 1 is shared (a prefix-cache entry, GRPO siblings, a prompt
+// prefix); nobody may Write() into it. Writers first copy it (CopyBlock into a fresh block:
+// copy-on-write, done by the scheduler before the step runs).
 //
 // Thread-safety: not thread-safe; owned by one engine. Write() calls for distinct slots may run in
 // parallel.
@@ -48,6 +53,18 @@ class KvCache {
   // Drops one reference; at zero the block is free again.
   void Release(int32_t block);
   int32_t RefCount(int32_t block) const { return refs_[block]; }
+  // True when `block` is on the free list (reference count 0).
+  bool IsFree(int32_t block) const { return refs_[block] == 0; }
+
+  // Floats of one block across all layers, K then V (the Export/Import payload).
+  int64_t block_floats() const { return BlockBytes(opt_) / 4; }
+  // Copies every layer's K and V of block `src` into block `dst` (copy-on-write).
+  // REQUIRES: src != dst, both allocated.
+  void CopyBlock(int32_t src, int32_t dst);
+  // Gathers block `block` into `out` ([layer][K|V][kv_head * head_dim * block_size], block_floats()
+  // floats) and back. Used by the disk tier; the bits round-trip exactly.
+  void ExportBlock(int32_t block, float* out) const;
+  void ImportBlock(int32_t block, const float* in);
 
   // This layer's pools, as the attention kernel wants them.
   const float* k_layer(int32_t layer) const { return k_.data() + layer * layer_stride_; }

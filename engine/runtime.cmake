@@ -1,9 +1,22 @@
 # engine runtime: KV cache, forward pass, scheduler, the CPU Engine.
 add_library(bitroll_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/kv_cache.cc
+  ${CMAKE_CURRENT_LIST_DIR}/kv_disk_tier.cc
+  ${CMAKE_CURRENT_LIST_DIR}/prefix_cache.cc
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cc
   ${CMAKE_CURRENT_LIST_DIR}/scheduler.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/model_loader.cc)
 target_include_directories(bitroll_engine PUBLIC ${CMAKE_SOURCE_DIR})
-target_link_libraries(bitroll_engine PUBLIC bitroll_model bitroll_kernels bitroll_status Threads::Threads)
+target_include_directories(bitroll_engine PRIVATE ${BITROLL_XXHASH_INCLUDE})
+target_link_libraries(bitroll_engine PUBLIC bitroll_model bitroll_kernels bitroll_status Threads::Threads
+  PRIVATE ${BITROLL_XXHASH_LIB})
+
+# Unit tests of the KV cache, prefix cache and disk tier (scheduler and engine-level suites: tests/).
+set(_r ${CMAKE_CURRENT_LIST_DIR})
+bitroll_add_test(NAME engine_kv_cache_test SOURCES ${_r}/kv_cache_test.cc LIBS bitroll_engine TIMEOUT 60)
+bitroll_add_test(NAME engine_prefix_cache_test SOURCES ${_r}/prefix_cache_test.cc
+  LIBS bitroll_engine TIMEOUT 60)
+bitroll_add_test(NAME engine_kv_disk_tier_test SOURCES ${_r}/kv_disk_tier_test.cc
+  LIBS bitroll_engine TIMEOUT 60)
+unset(_r)

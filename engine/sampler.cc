@@ -2,6 +2,7 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -50,6 +51,27 @@ float LogSoftmaxAt(kernels::Isa isa, const float* x, int32_t n, int32_t token) {
   const float m = kernels::MaxValue(isa, x, n);
   const float s = kernels::SumExpShifted(isa, x, n, m);
   return (x[token] - m) - kernels::Log(s);
+}
+
+// Stable LSD radix sort of (p, id) pairs, given in ascending id order, into (p desc, id asc)
+// order: the same total order a comparison sort by (p desc, id asc) gives, in O(n).
+// REQUIRES: every p >= 0 (its bit pattern then orders like its value).
+void SortByProbDesc(std::vector<std::pair<float, int32_t>>* v,
+                    std::vector<std::pair<float, int32_t>>* tmp) {
+  const size_t n = v->size();
+  if (n < 2) return;
+  tmp->resize(n);
+  auto key = [](float f) { return ~std::bit_cast<uint32_t>(f); };  // descending
+  std::vector<std::pair<float, int32_t>>* src = v;
+  std::vector<std::pair<float, int32_t>>* dst = tmp;
+  for (int shift = 0; shift < 32; shift += 8) {
+    size_t count[257] = {};
+    for (const auto& e : *src) ++count[((key(e.first) >> shift) & 0xFF) + 1];
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (const auto& e : *src) (*dst)[count[(key(e.first) >> shift) & 0xFF]++] = e;
+    std::swap(src, dst);
+  }
+  // Four passes: the result is back in *v.
 }
 
 }  // namespace
@@ -155,27 +177,21 @@ void Sampler::Filter(const float* logits, int32_t vocab, const SamplingParams& p
     bool reached = false;
     for (int attempt = 0; attempt < 2 && !reached; ++attempt) {
       collect(attempt == 0 ? cutoff : 0.0f);
-      // Pop candidates in (p desc, id asc) order from a heap until the sum reaches top_p: the
-      // popped ones end up, in that order, at the front of cand_. O(n + len log n), no full sort.
-      auto heap_less = [&](const auto& a, const auto& b) { return by_prob(b, a); };
-      std::make_heap(cand_.begin(), cand_.end(), heap_less);
+      // cand_ holds ids in ascending order; order it by (p desc, id asc) and take the shortest
+      // prefix whose running sum (in that order) reaches top_p.
+      SortByProbDesc(&cand_, &sort_tmp_);
       float cum = 0.0f;
-      size_t end = cand_.size();  // cand_[end..) holds the popped ones, the latest first
-      while (end > 0) {
-        std::pop_heap(cand_.begin(), cand_.begin() + end, heap_less);
-        --end;
-        cum += cand_[end].first;
+      len = cand_.size();
+      for (size_t i = 0; i < cand_.size(); ++i) {
+        cum += cand_[i].first;
         if (cum >= p.top_p) {
           reached = true;
+          len = i + 1;
           break;
         }
       }
-      std::reverse(cand_.begin() + end, cand_.end());
-      std::rotate(cand_.begin(), cand_.begin() + end, cand_.end());
-      len = cand_.size() - end;
       if (cand_.size() == size_t(n)) break;  // already all of K
     }
-    // Step 5 on the nucleus: it is sorted by p, so min-p keeps a prefix of it.
     if (use_min_p) {
       size_t keep = 0;
       while (keep < len && cand_[keep].first >= min_p_threshold) ++keep;

@@ -93,6 +93,7 @@ class Sampler {
   std::vector<int32_t> ids_;                     // top-k scratch
   std::vector<float> values_;                    // scaled values of the kept set, ascending id
   std::vector<std::pair<float, int32_t>> cand_;  // (p, id) top-p candidates
+  std::vector<std::pair<float, int32_t>> sort_tmp_;  // radix-sort scratch
   std::vector<int32_t> cand_ids_;                // Gumbel-max candidates
 };
 

@@ -1,34 +1,71 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace bitroll::engine {
-
-namespace {
-
-// Higher priority first, then earlier arrival.
-bool Before(const Sequence* a, const Sequence* b) {
-  if (a->req.priority != b->req.priority) return a->req.priority > b->req.priority;
-  return a->arrival < b->arrival;
-}
-
-}  // namespace
 
 void Scheduler::ReleaseBlocks(Sequence* seq, KvCache* cache) {
   for (int32_t b : seq->blocks) cache->Release(b);
   seq->blocks.clear();
   seq->n_cached = 0;
+  seq->n_committed = 0;
   seq->running = false;
 }
 
-bool Scheduler::Reserve(Sequence* seq, int32_t end, KvCache* cache) {
-  const int32_t bs = cache->block_size();
+void Scheduler::Preempt(Sequence* seq) {
+  ReleaseBlocks(seq, kv_);
+  ++stats_.preemptions;
+}
+
+std::vector<Sequence*> Scheduler::Rank(const std::vector<Sequence*>& live) const {
+  std::vector<Sequence*> by_arrival(live.begin(), live.end());
+  std::sort(by_arrival.begin(), by_arrival.end(),
+            [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  struct Key {
+    Sequence* s;
+    int32_t group_rank;
+  };
+  std::vector<Key> keys;
+  keys.reserve(by_arrival.size());
+  std::unordered_map<uint64_t, int32_t> members;
+  for (Sequence* s : by_arrival) {
+    const int32_t r = s->req.group_id == 0 ? 0 : members[s->req.group_id]++;
+    keys.push_back({s, r});
+  }
+  std::stable_sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+    if (a.s->req.priority != b.s->req.priority) return a.s->req.priority > b.s->req.priority;
+    if (a.group_rank != b.group_rank) return a.group_rank < b.group_rank;
+    return a.s->arrival < b.s->arrival;
+  });
+  std::vector<Sequence*> order;
+  order.reserve(keys.size());
+  for (const Key& k : keys) order.push_back(k.s);
+  return order;
+}
+
+bool Scheduler::Reserve(Sequence* seq, int32_t begin, int32_t end) {
+  const int32_t bs = kv_->block_size();
+  // Copy-on-write: blocks this chunk writes must be private.
+  const int32_t held = static_cast<int32_t>(seq->blocks.size());
+  for (int32_t k = begin / bs; k < held && k * bs < end; ++k) {
+    const int32_t old = seq->blocks[k];
+    if (kv_->RefCount(old) == 1) continue;
+    Result<int32_t> fresh = prefix_->Allocate();
+    if (!fresh.ok()) return false;  // copies made so far are valid private blocks: keep them
+    kv_->CopyBlock(old, *fresh);
+    kv_->Release(old);
+    seq->blocks[k] = *fresh;
+    ++stats_.cow_copies;
+  }
   const int32_t need = (end + bs - 1) / bs;
   std::vector<int32_t> got;
   while (static_cast<int32_t>(seq->blocks.size() + got.size()) < need) {
-    Result<int32_t> b = cache->Allocate();
+    Result<int32_t> b = prefix_->Allocate();
     if (!b.ok()) {
-      for (int32_t x : got) cache->Release(x);
+      for (int32_t x : got) kv_->Release(x);
       return false;
     }
     got.push_back(*b);
@@ -37,69 +74,188 @@ bool Scheduler::Reserve(Sequence* seq, int32_t end, KvCache* cache) {
   return true;
 }
 
-std::vector<ScheduledChunk> Scheduler::Plan(const std::vector<Sequence*>& live, KvCache* cache) {
-  std::vector<Sequence*> order(live.begin(), live.end());
-  std::stable_sort(order.begin(), order.end(), Before);
-  int32_t budget = opt_.max_step_tokens;
+int32_t Scheduler::Align(const Sequence* s, int32_t want) const {
+  const int32_t bs = kv_->block_size();
+  int32_t count = std::min(s->pending(), want);
+  if (count < s->pending() && count >= bs) {
+    // A chunk that leaves rows for later ends on a block boundary (prefix-cache granularity).
+    // Budgets under one block run unaligned chunks: alignment never changes numerics.
+    count = (s->n_cached + count) / bs * bs - s->n_cached;
+  }
+  return count;
+}
+
+bool Scheduler::WaitForSibling(const Sequence* s, const std::vector<Sequence*>& order) const {
+  if (s->req.group_id == 0 || !prefix_->enabled()) return false;
+  for (const Sequence* t : order) {
+    if (t == s || !t->running || t->req.group_id != s->req.group_id) continue;
+    if (t->n_cached >= t->n_prompt || t->n_prompt != s->n_prompt) continue;
+    if (std::equal(s->tokens.begin(), s->tokens.begin() + s->n_prompt, t->tokens.begin()))
+      return true;
+  }
+  return false;
+}
+
+void Scheduler::Attach(Sequence* s, const std::vector<Sequence*>& order) {
+  s->n_committed = 0;
+  if (!prefix_->enabled()) return;
+  const int32_t bs = kv_->block_size();
+  const int32_t n_tokens = static_cast<int32_t>(s->tokens.size());
+  // Rows [cap, ...) must run; the block holding row `cap` may still be shared (copy-on-write).
+  const int32_t cap = s->FirstLogitsRow();
+  const size_t max_blocks = static_cast<size_t>(cap / bs + 1);
+  std::vector<int32_t> blocks =
+      prefix_->Match(s->tokens, std::min<int32_t>(n_tokens, static_cast<int32_t>(max_blocks) * bs));
+  while (blocks.size() > max_blocks) {
+    kv_->Release(blocks.back());
+    blocks.pop_back();
+  }
+  int32_t avail = static_cast<int32_t>(blocks.size()) * bs;  // positions with K/V
+  const Sequence* best = nullptr;
+  int32_t best_len = 0;
+  if (s->req.group_id != 0) {
+    for (const Sequence* t : order) {
+      if (t == s || !t->running || t->req.group_id != s->req.group_id) continue;
+      const int32_t lim = std::min(t->n_cached, n_tokens);
+      int32_t len = 0;
+      while (len < lim && s->tokens[len] == t->tokens[len]) ++len;
+      if (std::min(len, cap) > std::min(std::max(avail, best_len), cap)) {
+        best_len = len;
+        best = t;
+      }
+      if (best_len >= cap) break;  // nothing can do better (large groups: stay linear)
+    }
+  }
+  if (best != nullptr) {
+    for (int32_t b : blocks) kv_->Release(b);
+    const size_t n = std::min(static_cast<size_t>((best_len + bs - 1) / bs), max_blocks);
+    blocks.assign(best->blocks.begin(), best->blocks.begin() + n);
+    for (int32_t b : blocks) kv_->Retain(b);
+    avail = best_len;
+    stats_.group_shared_tokens += std::min(best_len, cap);
+  }
+  s->blocks = std::move(blocks);
+  s->n_cached = std::min(avail, cap);
+}
+
+std::vector<ScheduledChunk> Scheduler::Plan(const std::vector<Sequence*>& live) {
+  ++steps_;
+  const std::vector<Sequence*> order = Rank(live);
   std::vector<ScheduledChunk> chunks;
-  std::vector<Sequence*> planned;
+  std::unordered_set<const Sequence*> planned;
+  int32_t budget = opt_.max_step_tokens;
+
+  // Lowest-ranked running sequence not yet planned, ranked at or below `floor` (nullptr: any).
+  auto victim_below = [&](const Sequence* floor) -> Sequence* {
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      Sequence* v = *it;
+      if (v->running && planned.count(v) == 0) return v;
+      if (v == floor) break;
+    }
+    return nullptr;
+  };
+
+  // 0. test hook
+  if (opt_.preempt_every_steps > 0 && steps_ % opt_.preempt_every_steps == 0) {
+    std::vector<Sequence*> running;
+    for (Sequence* s : order) {
+      if (s->running) running.push_back(s);
+    }
+    if (!running.empty()) {
+      Sequence* v = running[(steps_ / opt_.preempt_every_steps) % running.size()];
+      Preempt(v);
+      planned.insert(v);
+      ++stats_.forced_preemptions;
+    }
+  }
 
   // 1. decodes
   for (Sequence* s : order) {
-    if (!s->running || s->pending() != 1 || budget == 0) continue;
-    while (!Reserve(s, s->n_cached + 1, cache)) {
-      // Preempt the lowest-priority, latest-arrived running sequence not yet planned.
-      Sequence* victim = nullptr;
-      for (auto it = order.rbegin(); it != order.rend(); ++it) {
-        Sequence* v = *it;
-        if (v->running && std::find(planned.begin(), planned.end(), v) == planned.end()) {
-          victim = v;
-          break;
-        }
-      }
-      if (victim == nullptr) break;
-      ReleaseBlocks(victim, cache);
-      ++stats_.preemptions;
-      if (victim == s) break;
+    if (budget == 0) break;
+    if (!s->running || s->pending() != 1) continue;
+    bool ok;
+    while (!(ok = Reserve(s, s->n_cached, s->n_cached + 1))) {
+      Sequence* v = victim_below(nullptr);
+      if (v == nullptr) break;
+      Preempt(v);
+      planned.insert(v);  // not re-admitted in the step that preempted it
+      if (v == s) break;
     }
-    if (!s->running) continue;  // preempted itself
+    if (!ok || !s->running || planned.count(s) != 0) continue;
     chunks.push_back({s, s->n_cached, 1});
-    planned.push_back(s);
+    planned.insert(s);
     --budget;
   }
+  const size_t n_decodes = chunks.size();
 
-  // 2. prefill chunks: running first, then waiting
-  int64_t running = std::count_if(order.begin(), order.end(), [](Sequence* s) { return s->running; });
-  const int32_t bs = cache->block_size();
+  // 2. prefill round one: running first, then waiting
+  int64_t running =
+      std::count_if(order.begin(), order.end(), [](Sequence* s) { return s->running; });
   for (int pass = 0; pass < 2 && budget > 0; ++pass) {
     for (Sequence* s : order) {
       if (budget == 0) break;
-      if (std::find(planned.begin(), planned.end(), s) != planned.end()) continue;
+      if (planned.count(s) != 0) continue;
       if (pass == 0 && (!s->running || s->pending() <= 0)) continue;
       if (pass == 1) {
-        if (s->running || running >= opt_.max_running) continue;
+        if (s->running || running >= opt_.max_running || WaitForSibling(s, order)) continue;
+        Attach(s, order);
       }
-      int32_t count = std::min(s->pending(), budget);
-      if (count < s->pending() && count >= bs) {
-        // A chunk that leaves rows for later ends on a block boundary (prefix-cache granularity).
-        // Budgets under one block run unaligned chunks: alignment never changes numerics.
-        count = (s->n_cached + count) / bs * bs - s->n_cached;
-        if (count <= 0) continue;
+      const int32_t count = Align(s, std::min(opt_.max_prefill_chunk, budget));
+      bool ok = count > 0 && Reserve(s, s->n_cached, s->n_cached + count);
+      while (!ok && count > 0 && pass == 0) {
+        // Running prefills must not deadlock holding every block: lower-ranked ones yield.
+        Sequence* v = victim_below(s);
+        if (v == nullptr || v == s) break;
+        Preempt(v);
+        planned.insert(v);
+        ok = Reserve(s, s->n_cached, s->n_cached + count);
       }
-      if (!Reserve(s, s->n_cached + count, cache)) {
-        if (pass == 1) break;  // no room for new work this step
+      if (!ok) {
+        if (pass == 1) {
+          ReleaseBlocks(s, kv_);
+          if (count > 0) break;  // no room for new work this step
+        }
         continue;
       }
-      if (!s->running) {
+      if (pass == 1) {
         s->running = true;
         ++running;
+        s->cost.prefill_tokens_cached += s->n_cached;
+        stats_.prefill_tokens_cached += s->n_cached;
       }
       chunks.push_back({s, s->n_cached, count});
-      planned.push_back(s);
+      planned.insert(s);
       budget -= count;
     }
   }
+
+  // 3. prefill round two: the rest of the budget extends round-one chunks, in rank order
+  for (size_t i = n_decodes; i < chunks.size() && budget > 0; ++i) {
+    ScheduledChunk& c = chunks[i];
+    Sequence* s = c.seq;
+    const int32_t count = Align(s, c.count + budget);
+    if (count <= c.count || !Reserve(s, c.begin + c.count, c.begin + count)) continue;
+    budget -= count - c.count;
+    c.count = count;
+  }
   return chunks;
+}
+
+void Scheduler::Commit(Sequence* s) {
+  if (!prefix_->enabled() || !s->running) return;
+  const int32_t bs = kv_->block_size();
+  const int32_t full = std::min<int32_t>(s->n_cached / bs, static_cast<int32_t>(s->blocks.size()));
+  const std::span<const int32_t> tokens(s->tokens);
+  while (s->n_committed < full) {
+    const int32_t k = s->n_committed;
+    const std::span<const int32_t> bt = tokens.subspan(static_cast<size_t>(k) * bs, bs);
+    if (static_cast<int32_t>(s->block_hashes.size()) <= k) {
+      const uint64_t parent = k == 0 ? prefix_->seed() : s->block_hashes[k - 1];
+      s->block_hashes.push_back(PrefixCache::ChainHash(parent, bt));
+    }
+    prefix_->Insert(s->block_hashes[k], bt, s->blocks[k]);
+    ++s->n_committed;
+  }
 }
 
 }  // namespace bitroll::engine

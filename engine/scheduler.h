@@ -1,17 +1,43 @@
 // engine/scheduler.h: continuous batching. Plans which rows of which sequences run in one step.
 //
+// Order. Live sequences are ranked by (priority desc, rank in group asc, arrival asc), where a
+// sequence's rank in group is the number of earlier-arrived live members of its group (group_id
+// 0: every request is its own group). Groups of equal priority are thus served round-robin: the
+// k-th member of a huge group comes after the first k members of every other group, so one big
+// GRPO group cannot starve a small one.
+//
 // Policy, in order:
-//   1. Running sequences that need exactly one row (decode) each get it, highest priority first,
-//      then earliest arrival. A decode that needs a new KV block and finds none preempts the
-//      running sequence with the lowest priority and latest arrival (possibly itself): its blocks
-//      are released and it returns to the queue; later it is re-prefilled from its known tokens
-//      (recompute), which reproduces the same K/V bits, so its continuation is unchanged.
-//   2. The remaining token budget goes to prefill chunks: running sequences with pending rows
-//      first, then waiting sequences (admitted while fewer than max_running run). A chunk that
-//      does not finish a sequence's pending rows ends on a KV-block boundary.
-//   3. A waiting sequence is admitted only if the blocks for its chunk are free; running work is
-//      never preempted to admit new work.
-// Scheduling never changes a bit of any sequence: it only chooses which rows run when.
+//   0. Test hook: every `preempt_every_steps` steps one running sequence is preempted.
+//   1. Running sequences that need exactly one row (decode) each get it, in rank order. A decode
+//      that needs a KV block and finds none preempts the lowest-ranked running sequence not yet
+//      planned (possibly itself).
+//   2. Prefill, round one: running sequences with pending rows, then waiting ones (admitted while
+//      fewer than max_running run), each get at most max_prefill_chunk rows, so a short prompt
+//      gets in beside a long prefill. A running prefill that finds no block preempts lower-ranked
+//      unplanned sequences, so prefills holding every block never deadlock: the top-ranked one
+//      always advances (the pool holds at least one full-context sequence).
+//   3. Prefill, round two: what is left of the token budget extends round-one chunks in order.
+//   A chunk that does not finish a sequence's pending rows ends on a KV-block boundary.
+//
+// Admission reuses K/V: the longest chain of prefix-cache blocks (prefix_cache.h), or, when
+// longer, the blocks of a running member of the same group that already computed the common
+// prefix (GRPO: the n samples of a prompt share its blocks, including the partial last block).
+// While a group member is still prefilling the group's prompt, its siblings wait for it, so the
+// prompt is prefilled once. A hit covers at most FirstLogitsRow() positions: the row that must
+// produce logits always runs.
+//
+// Copy-on-write: before a chunk runs, every block it writes that has more than one reference
+// (shared with a sibling, or named by the prefix cache) is copied into a fresh block. Shared K/V
+// is therefore never overwritten, and writes go only to private blocks. (The alternative, never
+// sharing the block that holds the last prompt token, would make every GRPO sample recompute up
+// to a block of prompt; copy-on-write costs one block copy per sample instead.)
+//
+// Preemption releases a sequence's blocks; it returns to the queue and is re-admitted through the
+// same prefix lookup, so its full blocks usually hit the cache and only the tail is recomputed.
+// Recompute reproduces the same K/V bits, so the continuation is unchanged.
+//
+// Scheduling never changes a bit of any sequence: it only chooses which rows run when, and where
+// their K/V lives.
 //
 // Thread-safety: not thread-safe; owned by one engine.
 #pragma once
@@ -20,13 +46,19 @@
 #include <vector>
 
 #include "engine/kv_cache.h"
+#include "engine/prefix_cache.h"
 #include "engine/sequence.h"
 
 namespace bitroll::engine {
 
 struct SchedulerOptions {
-  int32_t max_step_tokens = 512;  // rows per step; bounds step latency
-  int32_t max_running = 256;      // sequences holding KV blocks at once
+  int32_t max_step_tokens = 512;    // rows per step; bounds step latency
+  int32_t max_running = 256;        // sequences holding KV blocks at once
+  int32_t max_prefill_chunk = 256;  // rows per sequence in prefill round one; smaller lets short
+                                    // prompts in sooner beside long ones, larger favours one long
+                                    // prefill (round two hands out the rest of the budget anyway)
+  int32_t preempt_every_steps = 0;  // test hook: > 0 preempts one running sequence every that
+                                    // many steps (exercises recompute); 0 in production
 };
 
 struct ScheduledChunk {
@@ -36,16 +68,26 @@ struct ScheduledChunk {
 };
 
 struct SchedulerStats {
-  int64_t preemptions = 0;
+  int64_t preemptions = 0;            // includes forced ones
+  int64_t forced_preemptions = 0;     // by preempt_every_steps
+  int64_t cow_copies = 0;             // shared blocks copied before a write
+  int64_t prefill_tokens_cached = 0;  // positions admitted with K/V already present
+  int64_t group_shared_tokens = 0;    // of those, taken from a running sibling's blocks
 };
 
 class Scheduler {
  public:
-  explicit Scheduler(const SchedulerOptions& options) : opt_(options) {}
+  // `cache` and `prefix` must outlive the scheduler.
+  Scheduler(const SchedulerOptions& options, KvCache* cache, PrefixCache* prefix)
+      : opt_(options), kv_(cache), prefix_(prefix) {}
 
-  // Plans one step over `live` (unfinished sequences). Allocates the chunks' KV blocks from
-  // `cache` and may preempt (release) running sequences. Returns chunks in `live` order.
-  std::vector<ScheduledChunk> Plan(const std::vector<Sequence*>& live, KvCache* cache);
+  // Plans one step over `live` (unfinished sequences). Allocates and copies the chunks' KV blocks
+  // and may preempt running sequences. Returns chunks in planning order.
+  std::vector<ScheduledChunk> Plan(const std::vector<Sequence*>& live);
+
+  // After a step ran: offers the sequence's newly full blocks to the prefix cache.
+  // REQUIRES: seq->n_cached was advanced past the rows that ran.
+  void Commit(Sequence* seq);
 
   // Releases every block of `seq` and marks it not running (preemption, finish, abort).
   static void ReleaseBlocks(Sequence* seq, KvCache* cache);
@@ -53,10 +95,23 @@ class Scheduler {
   const SchedulerStats& stats() const { return stats_; }
 
  private:
-  // Makes sure seq's block table covers positions [0, end). False when blocks ran out.
-  static bool Reserve(Sequence* seq, int32_t end, KvCache* cache);
+  // Live sequences in rank order (see the header comment).
+  std::vector<Sequence*> Rank(const std::vector<Sequence*>& live) const;
+  // Makes seq's block table cover [0, end) and copies shared blocks written by [begin, end).
+  // False when blocks ran out (blocks allocated by this call are returned).
+  bool Reserve(Sequence* seq, int32_t begin, int32_t end);
+  // Rows of a chunk of at most `want` rows from seq->n_cached (block-aligned unless it finishes).
+  int32_t Align(const Sequence* seq, int32_t want) const;
+  // Gives a waiting sequence its cached prefix (prefix cache or a running sibling).
+  void Attach(Sequence* seq, const std::vector<Sequence*>& order);
+  // True while a running member of seq's group is still prefilling the same prompt.
+  bool WaitForSibling(const Sequence* seq, const std::vector<Sequence*>& order) const;
+  void Preempt(Sequence* seq);
 
   SchedulerOptions opt_;
+  KvCache* kv_;
+  PrefixCache* prefix_;
+  uint64_t steps_ = 0;
   SchedulerStats stats_;
 };
 

@@ -148,8 +148,9 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
   if (n == 0) return Status::Ok();
   for (const ForwardRow& r : rows) {
     if (r.token < 0 || r.token >= c.vocab_size) {
-      return Status::OutOfRange("token id " + std::to_string(r.token) + " outside the vocabulary [0, " +
-                                std::to_string(c.vocab_size) + ")");
+      return Status::OutOfRange("token id " + std::to_string(r.token) +
+                                " outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                                ")");
     }
     if (r.position < 0 || r.position >= c.max_seq_len) {
       return Status::OutOfRange("position " + std::to_string(r.position) +
@@ -166,8 +167,8 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     positions_[r] = rows[r].position;
     tables_[r] = rows[r].block_table;
   }
-  auto matmul = [&](const float* x, int64_t ldx, const PackedMatrix& w, const float* bias,
-                    float* y, int64_t ldy) {
+  auto matmul = [&](const float* x, int64_t ldx, const PackedMatrix& w, const float* bias, float* y,
+                    int64_t ldy) {
     kernels::MatmulParams p;
     p.x = x;
     p.m = n;
@@ -193,8 +194,8 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
       const int64_t pos = rows[r].position;
       const float* cs = rope_cos_.data() + pos * half;
       const float* sn = rope_sin_.data() + pos * half;
-      kernels::Rope(isa, row, c.n_heads, hd, cs, sn, c.rope_layout);             // q
-      kernels::Rope(isa, row + dim, c.n_kv_heads, hd, cs, sn, c.rope_layout);    // k
+      kernels::Rope(isa, row, c.n_heads, hd, cs, sn, c.rope_layout);           // q
+      kernels::Rope(isa, row + dim, c.n_kv_heads, hd, cs, sn, c.rope_layout);  // k
       std::memcpy(q_.data() + r * dim, row, dim * sizeof(float));
       const int32_t block = rows[r].block_table[pos / bs];
       cache->Write(l, block, static_cast<int32_t>(pos % bs), row + dim, row + dim + kv);
@@ -214,7 +215,8 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     kernels::Attention(isa, ap, opt_.attention, opt_.pool, &attn_scratch_);
     matmul(att_.data(), dim, *L.wo, nullptr, tmp_.data(), dim);
-    RowOp(n, [&](int64_t r) { kernels::Add(isa, x_.data() + r * dim, tmp_.data() + r * dim, dim); });
+    RowOp(n,
+          [&](int64_t r) { kernels::Add(isa, x_.data() + r * dim, tmp_.data() + r * dim, dim); });
     // feed-forward block
     RowOp(n, [&](int64_t r) {
       kernels::RmsNorm(isa, x_.data() + r * dim, L.ffn_norm.data(), dim, c.norm_eps,
@@ -226,7 +228,8 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
       kernels::SwiGlu(isa, g, g + hidden, hidden, hb_.data() + r * hidden);
     });
     matmul(hb_.data(), hidden, *L.w2, nullptr, tmp_.data(), dim);
-    RowOp(n, [&](int64_t r) { kernels::Add(isa, x_.data() + r * dim, tmp_.data() + r * dim, dim); });
+    RowOp(n,
+          [&](int64_t r) { kernels::Add(isa, x_.data() + r * dim, tmp_.data() + r * dim, dim); });
   }
 
   // Logits for the rows that want them, gathered densely.

@@ -47,7 +47,8 @@ struct TransformerOptions {
   kernels::DType weight_storage = kernels::DType::kF32;
   // Test seam: replaces kernels::Matmul. The invariance suite's negative control plugs a
   // deliberately batch-variant matmul in here to show the suite catches it. nullptr in production.
-  void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&, kernels::ThreadPool*) = nullptr;
+  void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
+                          kernels::ThreadPool*) = nullptr;
 };
 
 struct ForwardRow {

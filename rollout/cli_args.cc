@@ -19,8 +19,8 @@ CliArgs::CliArgs(int argc, char** argv, int first) {
       continue;
     }
     const bool next_is_value =
-        i + 1 < argc && (argv[i + 1][0] != '-' || (argv[i + 1][1] >= '0' && argv[i + 1][1] <= '9') ||
-                         argv[i + 1][1] == '.');
+        i + 1 < argc && (argv[i + 1][0] != '-' ||
+                         (argv[i + 1][1] >= '0' && argv[i + 1][1] <= '9') || argv[i + 1][1] == '.');
     if (next_is_value) {
       values_[name] = argv[++i];
     } else {

@@ -63,11 +63,12 @@ long PeakRssKb() {
 }
 
 struct Prompt {
-  std::string text;          // empty when given as ids
+  std::string text;  // empty when given as ids
   std::vector<int32_t> ids;
 };
 
-Status ReadPrompts(const std::string& path, const engine::Tokenizer* tok, std::vector<Prompt>* out) {
+Status ReadPrompts(const std::string& path, const engine::Tokenizer* tok,
+                   std::vector<Prompt>* out) {
   std::ifstream f(path);
   if (!f) return Status::NotFound("prompts file " + path + " cannot be opened");
   std::string line;
@@ -84,7 +85,8 @@ Status ReadPrompts(const std::string& path, const engine::Tokenizer* tok, std::v
     } else if (j.is_object() && j.contains("ids") && j["ids"].is_array()) {
       for (const auto& x : j["ids"]) {
         if (!x.is_number_integer()) {
-          return Status::InvalidArgument(path + ":" + std::to_string(lineno) + ": ids must be integers");
+          return Status::InvalidArgument(path + ":" + std::to_string(lineno) +
+                                         ": ids must be integers");
         }
         p.ids.push_back(x.get<int32_t>());
       }
@@ -138,8 +140,9 @@ int CmdGenerate(int argc, char** argv) {
   }
   if (n < 1 || n > 100000 || steps < 2 || max_tokens_flag < 0 ||
       (weights != "f32" && weights != "bf16")) {
-    std::fprintf(stderr, "bitroll generate: -n must be in [1, 100000], --steps >= 2, "
-                         "--max-tokens >= 0, --weights f32|bf16\n");
+    std::fprintf(stderr,
+                 "bitroll generate: -n must be in [1, 100000], --steps >= 2, "
+                 "--max-tokens >= 0, --weights f32|bf16\n");
     return 2;
   }
 
@@ -263,14 +266,16 @@ int CmdGenerate(int argc, char** argv) {
                           {"backend", info.fingerprint.backend}};
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
-      if (done.size() > 1) std::cout << "--- prompt " << o.id / n << " sample " << o.id % n << " ---\n";
+      if (done.size() > 1)
+        std::cout << "--- prompt " << o.id / n << " sample " << o.id % n << " ---\n";
       std::cout << text << "\n";
     }
   }
   std::cout.flush();
   const double load_s = std::chrono::duration<double>(t0 - t_load).count();
   std::fprintf(stderr,
-               "bitroll generate: %zu trajectories, %" PRId64 " tokens in %.3f s: %.1f tok/s "
+               "bitroll generate: %zu trajectories, %" PRId64
+               " tokens in %.3f s: %.1f tok/s "
                "(threads %d, isa %s, weights %s); engine setup %.3f s; peak RSS %.1f MiB\n",
                done.size(), generated, secs, secs > 0 ? generated / secs : 0.0, eo.threads,
                eo.isa.c_str(), weights.c_str(), load_s, PeakRssKb() / 1024.0);

@@ -47,9 +47,8 @@ int CmdMakeModel(int argc, char** argv) {
     std::fprintf(stderr, "bitroll make-model: %s\n", s.ToString().c_str());
     return 1;
   }
-  std::fprintf(stderr, "bitroll make-model: wrote %s and %s (shape %s, seed %llu)\n",
-               model.c_str(), tok.c_str(), shape_name.c_str(),
-               static_cast<unsigned long long>(seed));
+  std::fprintf(stderr, "bitroll make-model: wrote %s and %s (shape %s, seed %llu)\n", model.c_str(),
+               tok.c_str(), shape_name.c_str(), static_cast<unsigned long long>(seed));
   return 0;
 }
 

@@ -20,21 +20,21 @@ namespace bitroll {
 
 enum class ErrorCode : uint16_t {
   kOk = 0,
-  kInvalidArgument = 1,     // the caller passed something malformed or out of range
-  kNotFound = 2,            // a named thing (file, model, trajectory, tool) does not exist
-  kCorruption = 3,          // stored bytes fail a check (checksum, magic, size, verifier)
-  kIoError = 4,             // the operating system refused a read, write or sync
-  kUnsupported = 5,         // valid input that this build cannot handle (format, arch, ISA)
-  kOutOfRange = 6,          // an index or token id outside its domain
-  kResourceExhausted = 7,   // a limit was hit (KV blocks, memory, output bytes, queue)
-  kBusy = 8,                // backpressure: try again later
-  kTimeout = 9,             // a deadline passed
-  kAborted = 10,            // the work was cancelled
-  kInternal = 11,           // a bug in bitroll; the message says where
-  kUnavailable = 12,        // a tier, device or replica is not available here
-  kFailedPrecondition = 13, // the call is valid but not in this state (e.g. sticky WAL error)
-  kNoSpace = 14,            // the disk or the LMDB map is full
-  kProtocol = 15,           // a wire message is malformed, of unknown type or wrong version
+  kInvalidArgument = 1,      // the caller passed something malformed or out of range
+  kNotFound = 2,             // a named thing (file, model, trajectory, tool) does not exist
+  kCorruption = 3,           // stored bytes fail a check (checksum, magic, size, verifier)
+  kIoError = 4,              // the operating system refused a read, write or sync
+  kUnsupported = 5,          // valid input that this build cannot handle (format, arch, ISA)
+  kOutOfRange = 6,           // an index or token id outside its domain
+  kResourceExhausted = 7,    // a limit was hit (KV blocks, memory, output bytes, queue)
+  kBusy = 8,                 // backpressure: try again later
+  kTimeout = 9,              // a deadline passed
+  kAborted = 10,             // the work was cancelled
+  kInternal = 11,            // a bug in bitroll; the message says where
+  kUnavailable = 12,         // a tier, device or replica is not available here
+  kFailedPrecondition = 13,  // the call is valid but not in this state (e.g. sticky WAL error)
+  kNoSpace = 14,             // the disk or the LMDB map is full
+  kProtocol = 15,            // a wire message is malformed, of unknown type or wrong version
 };
 
 // Stable lower-case name of a code, e.g. "corruption". Never returns nullptr.
@@ -46,7 +46,9 @@ class [[nodiscard]] Status {
   Status(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {ErrorCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {ErrorCode::kInvalidArgument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {ErrorCode::kNotFound, std::move(m)}; }
   static Status Corruption(std::string m) { return {ErrorCode::kCorruption, std::move(m)}; }
   static Status IoError(std::string m) { return {ErrorCode::kIoError, std::move(m)}; }
@@ -87,22 +89,38 @@ class [[nodiscard]] Status {
 
 inline const char* ErrorCodeName(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kOk: return "ok";
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kCorruption: return "corruption";
-    case ErrorCode::kIoError: return "io_error";
-    case ErrorCode::kUnsupported: return "unsupported";
-    case ErrorCode::kOutOfRange: return "out_of_range";
-    case ErrorCode::kResourceExhausted: return "resource_exhausted";
-    case ErrorCode::kBusy: return "busy";
-    case ErrorCode::kTimeout: return "timeout";
-    case ErrorCode::kAborted: return "aborted";
-    case ErrorCode::kInternal: return "internal";
-    case ErrorCode::kUnavailable: return "unavailable";
-    case ErrorCode::kFailedPrecondition: return "failed_precondition";
-    case ErrorCode::kNoSpace: return "no_space";
-    case ErrorCode::kProtocol: return "protocol";
+    case ErrorCode::kOk:
+      return "ok";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kCorruption:
+      return "corruption";
+    case ErrorCode::kIoError:
+      return "io_error";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
+    case ErrorCode::kOutOfRange:
+      return "out_of_range";
+    case ErrorCode::kResourceExhausted:
+      return "resource_exhausted";
+    case ErrorCode::kBusy:
+      return "busy";
+    case ErrorCode::kTimeout:
+      return "timeout";
+    case ErrorCode::kAborted:
+      return "aborted";
+    case ErrorCode::kInternal:
+      return "internal";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kFailedPrecondition:
+      return "failed_precondition";
+    case ErrorCode::kNoSpace:
+      return "no_space";
+    case ErrorCode::kProtocol:
+      return "protocol";
   }
   return "unknown";
 }
@@ -138,14 +156,15 @@ class [[nodiscard]] Result {
 #define BR_CONCAT_(a, b) BR_CONCAT_INNER_(a, b)
 
 // Returns the Status from the enclosing function when `expr` is not OK.
-#define BR_RETURN_IF_ERROR(expr)                   \
-  do {                                             \
-    ::bitroll::Status br_status_ = (expr);         \
-    if (!br_status_.ok()) return br_status_;       \
+#define BR_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::bitroll::Status br_status_ = (expr);   \
+    if (!br_status_.ok()) return br_status_; \
   } while (0)
 
 // `lhs = value of expr`, or return its Status from the enclosing function.
-#define BR_ASSIGN_OR_RETURN(lhs, expr) BR_ASSIGN_OR_RETURN_IMPL_(BR_CONCAT_(br_result_, __LINE__), lhs, expr)
+#define BR_ASSIGN_OR_RETURN(lhs, expr) \
+  BR_ASSIGN_OR_RETURN_IMPL_(BR_CONCAT_(br_result_, __LINE__), lhs, expr)
 #define BR_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                              \
   if (!tmp.ok()) return tmp.status();             \

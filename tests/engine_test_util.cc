@@ -65,8 +65,8 @@ std::unique_ptr<engine::CpuEngine> MakeEngine(const EngineSetup& s,
   return std::move(e).value();
 }
 
-std::map<uint64_t, engine::SequenceOutput> RunAll(engine::Engine& e,
-                                                  const std::vector<engine::SequenceRequest>& reqs) {
+std::map<uint64_t, engine::SequenceOutput> RunAll(
+    engine::Engine& e, const std::vector<engine::SequenceRequest>& reqs) {
   std::map<uint64_t, engine::SequenceOutput> out;
   for (const auto& r : reqs) {
     Status s = e.Add(r);
@@ -95,7 +95,8 @@ engine::SequenceRequest RandomRequest(uint64_t id, uint32_t seed, int32_t vocab,
   r.id = id;
   r.prompt.push_back(1);
   const int32_t n = std::uniform_int_distribution<int32_t>(1, max_prompt)(rng);
-  for (int32_t i = 0; i < n; ++i) r.prompt.push_back(std::uniform_int_distribution<int32_t>(3, vocab - 1)(rng));
+  for (int32_t i = 0; i < n; ++i)
+    r.prompt.push_back(std::uniform_int_distribution<int32_t>(3, vocab - 1)(rng));
   r.sampling = sp;
   r.sampling.seed = sp.seed + seed;
   r.sample_index = seed % 8;

@@ -28,11 +28,12 @@ struct EngineSetup {
   int32_t max_step_tokens = 512;
   int32_t max_running = 256;
   int64_t kv_cache_bytes = 64ll << 20;
-  void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&, kernels::ThreadPool*) = nullptr;
+  void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
+                          kernels::ThreadPool*) = nullptr;
 };
 
-std::unique_ptr<engine::CpuEngine> MakeEngine(const EngineSetup& setup,
-                                              std::shared_ptr<const engine::ModelWeights> w = nullptr);
+std::unique_ptr<engine::CpuEngine> MakeEngine(
+    const EngineSetup& setup, std::shared_ptr<const engine::ModelWeights> w = nullptr);
 
 // Adds every request, steps until idle, and returns the outputs by id. Fails the test on errors.
 std::map<uint64_t, engine::SequenceOutput> RunAll(engine::Engine& e,

@@ -36,7 +36,8 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-engine::SequenceOutput Greedy(const std::string& isa, const std::vector<int32_t>& prompt, int steps) {
+engine::SequenceOutput Greedy(const std::string& isa, const std::vector<int32_t>& prompt,
+                              int steps) {
   testing_util::EngineSetup setup;
   setup.isa = isa;
   auto e = testing_util::MakeEngine(setup);
@@ -46,7 +47,7 @@ engine::SequenceOutput Greedy(const std::string& isa, const std::vector<int32_t>
   r.prompt = prompt;
   r.sampling.temperature = 0.0f;
   r.stop.max_tokens = steps - static_cast<int32_t>(prompt.size()) + 1;  // run.c: pos < steps
-  r.stop.stop_at_eos = false;  // run.c stops only on BOS
+  r.stop.stop_at_eos = false;                                           // run.c stops only on BOS
   r.stop.stop_at_bos = true;
   auto out = testing_util::RunAll(*e, {r});
   return out[1];

@@ -110,11 +110,12 @@ TEST(Invariance, EveryRequestOfABatchEqualsItsSoloRun) {
 }
 
 TEST(Invariance, PrefillChunking) {
-  // A long prompt (several KV blocks and attention chunks), split into chunks of 1 token, one block,
-  // several blocks, and the whole prompt.
+  // A long prompt (several KV blocks and attention chunks), split into chunks of 1 token, one
+  // block, several blocks, and the whole prompt.
   SequenceRequest r = Target(1, Sampled());
   std::mt19937 rng(3);
-  for (int i = 0; i < 150; ++i) r.prompt.push_back(std::uniform_int_distribution<int32_t>(3, 511)(rng));
+  for (int i = 0; i < 150; ++i)
+    r.prompt.push_back(std::uniform_int_distribution<int32_t>(3, 511)(rng));
   EngineSetup whole;
   whole.max_step_tokens = 4096;
   const SequenceOutput ref = RunAlone(whole, r);
@@ -183,7 +184,8 @@ TEST(Invariance, WholeGenerationOnEveryIsa) {
   const auto ref = RunAll(*e0, reqs);
   for (const char* isa : {"avx2", "avx512"}) {
     if (!kernels::ParseIsa(isa).ok()) {
-      std::cerr << "*** invariance_test: this CPU lacks " << isa << "; that path is NOT tested ***\n";
+      std::cerr << "*** invariance_test: this CPU lacks " << isa
+                << "; that path is NOT tested ***\n";
       continue;
     }
     EngineSetup s;
@@ -192,7 +194,8 @@ TEST(Invariance, WholeGenerationOnEveryIsa) {
     auto e = MakeEngine(s);
     ASSERT_NE(e, nullptr);
     auto out = RunAll(*e, reqs);
-    for (const auto& r : reqs) EXPECT_TRUE(SameTrajectory(ref.at(r.id), out[r.id])) << isa << " " << r.id;
+    for (const auto& r : reqs)
+      EXPECT_TRUE(SameTrajectory(ref.at(r.id), out[r.id])) << isa << " " << r.id;
   }
 }
 
@@ -226,7 +229,8 @@ TEST(Invariance, ThousandIdenticalRequestsGiveOneOutput) {
 
 // A batch-variant matmul: with more than one row in the batch it splits K in two halves and adds
 // the halves (split-K chosen by batch size: exactly the kind of kernel the contract forbids).
-void BatchVariantMatmul(kernels::Isa isa, const kernels::MatmulParams& p, kernels::ThreadPool* pool) {
+void BatchVariantMatmul(kernels::Isa isa, const kernels::MatmulParams& p,
+                        kernels::ThreadPool* pool) {
   if (p.m == 1) {
     kernels::Matmul(isa, p, pool);
     return;

@@ -13,9 +13,12 @@ namespace bitroll::kernels {
 
 const char* AttentionKernelName(AttentionKernel k) {
   switch (k) {
-    case AttentionKernel::kAuto: return "auto";
-    case AttentionKernel::kSingle: return "single";
-    case AttentionKernel::kSplit: return "split";
+    case AttentionKernel::kAuto:
+      return "auto";
+    case AttentionKernel::kSingle:
+      return "single";
+    case AttentionKernel::kSplit:
+      return "split";
   }
   return "unknown";
 }
@@ -94,7 +97,9 @@ void FinishPartial(Isa /*isa*/, int32_t head_dim, const AttentionPartial& acc, f
 
 namespace {
 
-inline int32_t NumChunks(int32_t position) { return position / kAttentionChunk + 1; }
+inline int32_t NumChunks(int32_t position) {
+  return position / kAttentionChunk + 1;
+}
 
 struct Item {
   int32_t token;
@@ -196,7 +201,8 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     const Item it = ItemOf(p, split_items[k]);
     const int32_t n = NumChunks(p.positions[it.token]);
     AttentionPartial acc = s->partials[chunk_base[k]];
-    for (int32_t c = 1; c < n; ++c) MergePartial(isa, p.head_dim, &acc, s->partials[chunk_base[k] + c]);
+    for (int32_t c = 1; c < n; ++c)
+      MergePartial(isa, p.head_dim, &acc, s->partials[chunk_base[k] + c]);
     FinishPartial(isa, p.head_dim, acc, OutOf(p, it));
   };
   const int64_t n_split = static_cast<int64_t>(split_items.size());

@@ -3,14 +3,14 @@
 // The canonical order (DESIGN.md, "Attention: one canonical order, two kernels"):
 //   The keys 0..t of query t are cut into chunks of kAttentionChunk keys anchored at position 0.
 //   Each chunk c yields a partial (m_c, l_c, o_c):
-//     s_j  = (sum_d q[d] * K[j][d]) * scale   one fma chain over d = 0..head_dim-1, then one multiply
-//     m_c  = max_j s_j                        exact (max does not round)
-//     p_j  = Exp(s_j - m_c)                   the project's own exp (kernels/cpu/math.h)
-//     l_c  = lane-tree sum of p_j             lane j holds p_j (0 beyond the causal edge), then
+//     s_j  = (sum_d q[d] * K[j][d]) * scale   one fma chain over d = 0..head_dim-1, then one
+//     multiply m_c  = max_j s_j                        exact (max does not round) p_j  = Exp(s_j -
+//     m_c)                   the project's own exp (kernels/cpu/math.h) l_c  = lane-tree sum of p_j
+//     lane j holds p_j (0 beyond the causal edge), then
 //                                             for w in 8,4,2,1: lane[i] = lane[i] + lane[i+w]
 //     o_c[d] = fma chain over j in order      acc = fmaf(p_j, V[j][d], acc), acc starting at 0
-//   Partials are merged strictly left to right (MergePartial): the running state starts as chunk 0's
-//   partial and absorbs chunk 1, 2, ... The output is o[d] / l.
+//   Partials are merged strictly left to right (MergePartial): the running state starts as chunk
+//   0's partial and absorbs chunk 1, 2, ... The output is o[d] / l.
 //
 // Kernels:
 //   kSingle: one worker walks all chunks of a (token, head) item and merges as it goes.
@@ -47,18 +47,18 @@ enum class AttentionKernel : uint8_t { kAuto = 0, kSingle = 1, kSplit = 2 };
 const char* AttentionKernelName(AttentionKernel k);
 
 struct AttentionParams {
-  int32_t n_tokens = 0;     // query rows in this call
-  int32_t n_heads = 0;      // query heads
-  int32_t n_kv_heads = 0;   // REQUIRES n_heads % n_kv_heads == 0 (GQA)
-  int32_t head_dim = 0;     // REQUIRES 1 <= head_dim <= 256
-  int32_t block_size = 0;   // REQUIRES block_size % kAttentionChunk == 0
+  int32_t n_tokens = 0;                // query rows in this call
+  int32_t n_heads = 0;                 // query heads
+  int32_t n_kv_heads = 0;              // REQUIRES n_heads % n_kv_heads == 0 (GQA)
+  int32_t head_dim = 0;                // REQUIRES 1 <= head_dim <= 256
+  int32_t block_size = 0;              // REQUIRES block_size % kAttentionChunk == 0
   const float* q = nullptr;            // [n_tokens][n_heads][head_dim], RoPE applied
   float* out = nullptr;                // [n_tokens][n_heads][head_dim]
   const float* k_cache = nullptr;      // this layer's K pool (layout above)
   const float* v_cache = nullptr;      // this layer's V pool
   const int32_t* positions = nullptr;  // [n_tokens]; query t attends to keys 0..positions[t]
   const int32_t* const* block_tables = nullptr;  // [n_tokens] -> block ids of the token's sequence
-  float scale = 1.0f;                  // usually 1/sqrt(head_dim)
+  float scale = 1.0f;                            // usually 1/sqrt(head_dim)
 };
 
 // One chunk's partial for one (token, head): running max, sum of exponentials, value accumulator.

@@ -18,9 +18,8 @@ inline __m256 LaneMask(int32_t n) {
 }
 }  // namespace
 
-void ChunkPartialAvx2(const AttentionParams& p, const float* q, int32_t kvh,
-                      const int32_t* blocks, int32_t position, int32_t chunk,
-                      AttentionPartial* out) {
+void ChunkPartialAvx2(const AttentionParams& p, const float* q, int32_t kvh, const int32_t* blocks,
+                      int32_t position, int32_t chunk, AttentionPartial* out) {
   const ChunkView c = ViewChunk(p, kvh, blocks, position, chunk);
   const int32_t hd = p.head_dim;
   const __m256 valid_lo = LaneMask(c.n_valid);

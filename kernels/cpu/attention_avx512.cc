@@ -30,8 +30,8 @@ void ChunkPartialAvx512(const AttentionParams& p, const float* q, int32_t kvh,
   out->l = ReduceSum16(e);
   for (int32_t d0 = 0; d0 < hd; d0 += 16) {
     const int32_t left = hd - d0;
-    const __mmask16 dm = left >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                    : static_cast<__mmask16>((1u << left) - 1u);
+    const __mmask16 dm =
+        left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
     __m512 o = _mm512_setzero_ps();
     const float* v = c.v + d0;
     for (int32_t j = 0; j < c.n_valid; ++j) {

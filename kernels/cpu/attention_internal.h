@@ -9,9 +9,8 @@ namespace bitroll::kernels::internal {
 void ChunkPartialScalar(const AttentionParams& p, const float* q, int32_t kvh,
                         const int32_t* blocks, int32_t position, int32_t chunk,
                         AttentionPartial* out);
-void ChunkPartialAvx2(const AttentionParams& p, const float* q, int32_t kvh,
-                      const int32_t* blocks, int32_t position, int32_t chunk,
-                      AttentionPartial* out);
+void ChunkPartialAvx2(const AttentionParams& p, const float* q, int32_t kvh, const int32_t* blocks,
+                      int32_t position, int32_t chunk, AttentionPartial* out);
 void ChunkPartialAvx512(const AttentionParams& p, const float* q, int32_t kvh,
                         const int32_t* blocks, int32_t position, int32_t chunk,
                         AttentionPartial* out);
@@ -19,9 +18,9 @@ void ChunkPartialAvx512(const AttentionParams& p, const float* q, int32_t kvh,
 // Addresses of chunk `chunk`'s keys for kv head `kvh`: K rows [head_dim][block_size] starting at
 // the chunk's first key, and V rows [keys][head_dim].
 struct ChunkView {
-  const float* k;     // k[d * block_size + j] is key j's component d
-  const float* v;     // v[j * head_dim + d]
-  int32_t n_valid;    // keys of this chunk at or before the query position (1..kAttentionChunk)
+  const float* k;   // k[d * block_size + j] is key j's component d
+  const float* v;   // v[j * head_dim + d]
+  int32_t n_valid;  // keys of this chunk at or before the query position (1..kAttentionChunk)
 };
 
 inline ChunkView ViewChunk(const AttentionParams& p, int32_t kvh, const int32_t* blocks,

@@ -90,7 +90,8 @@ struct Fixture {
           const int64_t blk = tables[t][j / c.block_size], slot = j % c.block_size;
           const float* kb = k.data() + (blk * c.n_kv_heads + kvh) * c.head_dim * c.block_size;
           double acc = 0;
-          for (int32_t d = 0; d < c.head_dim; ++d) acc += double(qv[d]) * kb[d * c.block_size + slot];
+          for (int32_t d = 0; d < c.head_dim; ++d)
+            acc += double(qv[d]) * kb[d * c.block_size + slot];
           s[j] = acc / std::sqrt(double(c.head_dim));
         }
         const double m = *std::max_element(s.begin(), s.end());
@@ -130,10 +131,10 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 
 const std::vector<Case>& Cases() {
   static const std::vector<Case> cases = {
-      {8, 4, 8, 16, {0, 1, 15, 16, 17, 40, 100, 255}},       // stories260K shape
-      {12, 12, 64, 16, {3, 31, 32, 33, 200, 511}},           // stories110m shape
-      {4, 1, 80, 32, {0, 47, 48, 63, 64, 130}},              // head_dim not a multiple of 16
-      {2, 2, 3, 16, {5, 16, 70}},                            // odd head_dim
+      {8, 4, 8, 16, {0, 1, 15, 16, 17, 40, 100, 255}},  // stories260K shape
+      {12, 12, 64, 16, {3, 31, 32, 33, 200, 511}},      // stories110m shape
+      {4, 1, 80, 32, {0, 47, 48, 63, 64, 130}},         // head_dim not a multiple of 16
+      {2, 2, 3, 16, {5, 16, 70}},                       // odd head_dim
   };
   return cases;
 }
@@ -205,15 +206,19 @@ TEST(Attention, NegativeControlTreeMergeChangesBits) {
                      f.table_ptrs[t], c.positions[t], ch, &parts[ch]);
       }
       for (int32_t w = 1; w < n; w *= 2) {
-        for (int32_t i = 0; i + w < n; i += 2 * w) MergePartial(Isa::kScalar, c.head_dim, &parts[i], parts[i + w]);
+        for (int32_t i = 0; i + w < n; i += 2 * w)
+          MergePartial(Isa::kScalar, c.head_dim, &parts[i], parts[i + w]);
       }
-      FinishPartial(Isa::kScalar, c.head_dim, parts[0], tree.data() + (t * c.n_heads + h) * c.head_dim);
+      FinishPartial(Isa::kScalar, c.head_dim, parts[0],
+                    tree.data() + (t * c.n_heads + h) * c.head_dim);
     }
   }
-  EXPECT_FALSE(SameBits(ref, tree)) << "a tree-ordered merge should not reproduce the canonical bits";
+  EXPECT_FALSE(SameBits(ref, tree))
+      << "a tree-ordered merge should not reproduce the canonical bits";
   // ... while still being a correct attention (it is only the order that differs).
   const std::vector<double> want = f.Naive();
-  for (size_t i = 0; i < tree.size(); ++i) ASSERT_NEAR(tree[i], want[i], 2e-5 * (1 + std::fabs(want[i])));
+  for (size_t i = 0; i < tree.size(); ++i)
+    ASSERT_NEAR(tree[i], want[i], 2e-5 * (1 + std::fabs(want[i])));
 }
 
 }  // namespace

@@ -115,13 +115,20 @@ int main(int argc, char** argv) {
   int only_batch = 0, only_threads = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--models-dir" && i + 1 < argc) models_dir = argv[++i];
-    else if (a == "--work" && i + 1 < argc) work = argv[++i];
-    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (a == "--quick") quick = true;
-    else if (a == "--model" && i + 1 < argc) only_model = argv[++i];
-    else if (a == "--batch" && i + 1 < argc) only_batch = std::atoi(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc) only_threads = std::atoi(argv[++i]);
+    if (a == "--models-dir" && i + 1 < argc)
+      models_dir = argv[++i];
+    else if (a == "--work" && i + 1 < argc)
+      work = argv[++i];
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+    else if (a == "--quick")
+      quick = true;
+    else if (a == "--model" && i + 1 < argc)
+      only_model = argv[++i];
+    else if (a == "--batch" && i + 1 < argc)
+      only_batch = std::atoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc)
+      only_threads = std::atoi(argv[++i]);
   }
   std::filesystem::create_directories(work);
   const std::string m110 = work + "/stories110m/model.bin";
@@ -129,7 +136,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "writing random-weight stories110m to %s ...\n", m110.c_str());
     auto shape = engine::NamedShape("stories110m");
     std::filesystem::create_directories(work + "/stories110m");
-    if (!shape.ok() || !engine::WriteRandomModel(*shape, 1, m110, work + "/stories110m/tokenizer.bin").ok()) {
+    if (!shape.ok() ||
+        !engine::WriteRandomModel(*shape, 1, m110, work + "/stories110m/tokenizer.bin").ok()) {
       std::fprintf(stderr, "cannot write the stories110m model\n");
       return 1;
     }
@@ -166,7 +174,8 @@ int main(int argc, char** argv) {
     }
     for (int batch : {1, 32}) configs.push_back({batch, 2, "auto", kernels::DType::kF32, true});
     for (const Config& c : configs) {
-      if ((only_batch && c.batch != only_batch) || (only_threads && c.threads != only_threads)) continue;
+      if ((only_batch && c.batch != only_batch) || (only_threads && c.threads != only_threads))
+        continue;
       std::vector<double> r;
       for (int i = 0; i < reps; ++i) r.push_back(DecodeTokPerSec(w, c, tokens));
       const double tps = Median(r);
@@ -181,8 +190,8 @@ int main(int argc, char** argv) {
       std::vector<double> r;
       const int len = big ? 512 : 256;
       for (int i = 0; i < reps; ++i) r.push_back(PrefillTokPerSec(w, {1, threads}, len));
-      std::printf("| %s | f32 | %d | auto | - | prefill %d | %.1f | %.1f |\n", m.name.c_str(), threads,
-                  len, Median(r), Median(r) * flops / 1e9);
+      std::printf("| %s | f32 | %d | auto | - | prefill %d | %.1f | %.1f |\n", m.name.c_str(),
+                  threads, len, Median(r), Median(r) * flops / 1e9);
       std::fflush(stdout);
     }
   }

@@ -140,7 +140,7 @@ struct EngineStats {
 class Tokenizer;  // engine/tokenizer.h
 
 struct EngineOptions {
-  std::string model_path;        // llama2.c .bin (GGUF and HF directories come with engine serving)
+  std::string model_path;        // llama2.c .bin, GGUF file, or Hugging Face directory (detected)
   std::string tokenizer_path;    // empty: tokenizer.bin or tok512.bin beside the model
   int32_t threads = 1;           // kernel threads; never changes a bit
   std::string isa = "auto";      // "auto" | "scalar" | "avx2" | "avx512"; never changes a bit

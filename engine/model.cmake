@@ -19,6 +19,9 @@ add_library(bitroll_model STATIC
 target_include_directories(bitroll_model PUBLIC ${CMAKE_SOURCE_DIR})
 target_include_directories(bitroll_model PRIVATE ${BITROLL_XXHASH_INCLUDE})
 target_link_libraries(bitroll_model PUBLIC bitroll_status bitroll_kernels PRIVATE ${BITROLL_XXHASH_LIB})
+include(${CMAKE_CURRENT_LIST_DIR}/tokenizers/tokenizers.cmake)
+
+include(${CMAKE_CURRENT_LIST_DIR}/loaders/loaders.cmake)
 
 set(_m ${CMAKE_CURRENT_LIST_DIR})
 bitroll_add_test(NAME engine_llama2c_test SOURCES ${_m}/loaders/llama2c_test.cc

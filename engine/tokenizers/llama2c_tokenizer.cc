@@ -20,16 +20,32 @@ constexpr float kMinMergeScore = -1e10f;  // run.c's initial best_score: merges 
 
 class Llama2cTokenizer final : public Tokenizer {
  public:
-  Llama2cTokenizer(std::vector<std::string> pieces, std::vector<float> scores)
-      : pieces_(std::move(pieces)), scores_(std::move(scores)) {
+  // `byte_pieces`: false = llama2.c's fixed layout (byte b is id b + 3); true = byte b is the
+  // piece spelled "<0xXX>" (upper-case hex), wherever it sits.
+  Llama2cTokenizer(std::vector<std::string> pieces, std::vector<float> scores, int32_t bos_id,
+                   int32_t eos_id, bool byte_pieces)
+      : pieces_(std::move(pieces)),
+        scores_(std::move(scores)),
+        bos_id_(bos_id),
+        eos_id_(eos_id),
+        byte_pieces_(byte_pieces) {
     lookup_.reserve(pieces_.size());
     // Ascending ids with emplace: among duplicate pieces the lowest id wins.
     for (size_t i = 0; i < pieces_.size(); ++i) lookup_.emplace(pieces_[i], int32_t(i));
+    for (int b = 0; b < 256; ++b) {
+      if (!byte_pieces_) {
+        byte_ids_[b] = b + kByteOffset < vocab_size() ? b + kByteOffset : -1;
+      } else {
+        char name[8];
+        std::snprintf(name, sizeof(name), "<0x%02X>", b);
+        byte_ids_[b] = Find(name);
+      }
+    }
   }
 
   int32_t vocab_size() const override { return int32_t(pieces_.size()); }
-  int32_t bos_id() const override { return kBosId; }
-  int32_t eos_id() const override { return kEosId; }
+  int32_t bos_id() const override { return bos_id_; }
+  int32_t eos_id() const override { return eos_id_; }
 
   Result<std::vector<int32_t>> Encode(std::string_view text, bool add_bos) const override;
   Result<std::string> DecodePiece(int32_t prev, int32_t token) const override;
@@ -42,6 +58,10 @@ class Llama2cTokenizer final : public Tokenizer {
 
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
+  int32_t bos_id_;
+  int32_t eos_id_;
+  bool byte_pieces_;
+  int32_t byte_ids_[256];  // token of each byte for byte fallback; -1 when absent
   std::unordered_map<std::string, int32_t> lookup_;
 };
 
@@ -83,17 +103,23 @@ Result<std::vector<int32_t>> Llama2cTokenizer::Encode(std::string_view text, boo
   };
   auto push_bytes = [&](std::string_view bytes) -> Status {
     for (char c : bytes) {
-      const int32_t id = int32_t(static_cast<unsigned char>(c)) + kByteOffset;
-      if (id >= n_vocab) {
-        return Status::Unsupported("byte fallback needs ids 3..258, vocabulary has " +
-                                   std::to_string(n_vocab) + " tokens");
+      const int32_t id = byte_ids_[static_cast<unsigned char>(c)];
+      if (id < 0) {
+        if (!byte_pieces_) {
+          return Status::Unsupported("byte fallback needs ids 3..258, vocabulary has " +
+                                     std::to_string(n_vocab) + " tokens");
+        }
+        char name[8];
+        std::snprintf(name, sizeof(name), "<0x%02X>", static_cast<unsigned char>(c));
+        return Status::Unsupported(std::string("byte fallback needs the piece ") + name +
+                                   ", which the vocabulary lacks");
       }
       push(id);
     }
     return Status::Ok();
   };
 
-  if (add_bos) push(kBosId);
+  if (add_bos) push(bos_id_);
   std::string buf;
   if (!text.empty()) {
     buf = " ";
@@ -170,7 +196,7 @@ Result<std::string> Llama2cTokenizer::DecodePiece(int32_t prev, int32_t token) c
   }
   std::string_view piece = pieces_[token];
   // SentencePiece's decoder strips the leading space of the first piece after BOS.
-  if (prev == kBosId && !piece.empty() && piece[0] == ' ') piece.remove_prefix(1);
+  if (prev == bos_id_ && !piece.empty() && piece[0] == ' ') piece.remove_prefix(1);
   // Raw byte pieces look like <0x0A>; run.c parses them with sscanf("<0x%02hhX>"), which takes
   // one or two hex digits.
   if (piece.size() >= 4 && piece.substr(0, 3) == "<0x" && HexValue(piece[3]) >= 0) {
@@ -257,7 +283,28 @@ Result<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::string& path,
     return Status::InvalidArgument(path + ": tokenizer has " + std::to_string(pieces.size()) +
                                    " tokens, needs at least <unk>, BOS and EOS");
   }
-  return std::unique_ptr<Tokenizer>(new Llama2cTokenizer(std::move(pieces), std::move(scores)));
+  return std::unique_ptr<Tokenizer>(
+      new Llama2cTokenizer(std::move(pieces), std::move(scores), kBosId, kEosId, false));
+}
+
+Result<std::unique_ptr<Tokenizer>> MakeLlama2cTokenizer(std::vector<std::string> pieces,
+                                                        std::vector<float> scores, int32_t bos_id,
+                                                        int32_t eos_id) {
+  if (pieces.empty()) return Status::InvalidArgument("tokenizer: no pieces");
+  if (pieces.size() >= size_t(INT32_MAX))
+    return Status::InvalidArgument("tokenizer: too many pieces");
+  if (scores.size() != pieces.size()) {
+    return Status::InvalidArgument("tokenizer: " + std::to_string(pieces.size()) + " pieces but " +
+                                   std::to_string(scores.size()) + " scores");
+  }
+  const int32_t n = int32_t(pieces.size());
+  if (bos_id < 0 || bos_id >= n || eos_id < 0 || eos_id >= n) {
+    return Status::InvalidArgument("tokenizer: bos " + std::to_string(bos_id) + " / eos " +
+                                   std::to_string(eos_id) + " outside the vocabulary of " +
+                                   std::to_string(n));
+  }
+  return std::unique_ptr<Tokenizer>(
+      new Llama2cTokenizer(std::move(pieces), std::move(scores), bos_id, eos_id, true));
 }
 
 }  // namespace bitroll::engine

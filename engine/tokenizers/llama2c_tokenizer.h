@@ -32,4 +32,14 @@ namespace bitroll::engine {
 Result<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::string& path,
                                                         int32_t expected_vocab_size);
 
+// Builds the same tokenizer from in-memory pieces (e.g. a GGUF file's SentencePiece vocabulary,
+// with "▁" already replaced by " "). Differences from the file form: BOS/EOS are `bos_id` /
+// `eos_id`, and byte fallback uses the pieces spelled "<0x00>".."<0xFF>" wherever they are (a
+// byte without its piece makes Encode fail with kUnsupported). A piece whose score is not above
+// -1e10 is never produced by a merge. Errors: kInvalidArgument (no pieces, pieces/scores of
+// different lengths, bos/eos outside the vocabulary).
+Result<std::unique_ptr<Tokenizer>> MakeLlama2cTokenizer(std::vector<std::string> pieces,
+                                                        std::vector<float> scores, int32_t bos_id,
+                                                        int32_t eos_id);
+
 }  // namespace bitroll::engine

@@ -402,5 +402,35 @@ TEST_F(BadTokenizerFileTest, RandomDamageGivesValueOrTypedError) {
   EXPECT_GT(errors, 100);
 }
 
+// The in-memory form (GGUF vocabularies): BOS/EOS and byte pieces wherever the vocabulary puts
+// them, merges by score, and typed errors for inconsistent input.
+TEST(Llama2cTokenizer, InMemoryVocabularyUsesItsOwnIdsAndBytePieces) {
+  // ids: 0 "<0x61>" ('a'), 1 "<0x62>" ('b'), 2 "<eos>", 3 "<bos>", 4 " ", 5 "a", 6 " a", 7 "ab"
+  std::vector<std::string> pieces = {"<0x61>", "<0x62>", "<eos>", "<bos>", " ", "a", " a", "ab"};
+  std::vector<float> scores = {0, 0, 0, 0, 0, 0, -1.0f, -5.0f};
+  auto t = MakeLlama2cTokenizer(pieces, scores, 3, 2);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ((*t)->bos_id(), 3);
+  EXPECT_EQ((*t)->eos_id(), 2);
+  // " " + "a" merge to " a" (6); "b" is not a piece: byte fallback to <0x62> (1).
+  auto ids = (*t)->Encode("ab", true);
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  EXPECT_EQ(*ids, (std::vector<int32_t>{3, 6, 1}));
+  auto text = (*t)->Decode(std::vector<int32_t>{6, 1}, 3);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "ab");  // leading space stripped after this vocabulary's BOS
+  // A byte without its piece is a typed error naming the piece.
+  auto missing = (*t)->Encode("c", false);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(missing.status().message().find("<0x63>"), std::string::npos)
+      << missing.status().ToString();
+  EXPECT_EQ(MakeLlama2cTokenizer({}, {}, 0, 0).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(MakeLlama2cTokenizer(pieces, {0.0f}, 3, 2).status().code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(MakeLlama2cTokenizer(pieces, scores, 8, 2).status().code(),
+            ErrorCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace bitroll::engine

@@ -1,0 +1,50 @@
+// engine/loaders/hf.h: Hugging Face checkpoints (a directory with config.json and safetensors).
+//
+// Directory layout:
+//   config.json                         LlamaForCausalLM or Qwen2ForCausalLM
+//   model.safetensors                   one shard, or
+//   model.safetensors.index.json        {"weight_map": {tensor name: shard file name}} and the
+//   model-0000i-of-0000N.safetensors    shards it names (plain file names inside the directory)
+//   generation_config.json              optional: bos/eos ids when config.json lacks them
+// Tensor names are transformers' (model.embed_tokens.weight,
+// model.layers.N.self_attn.q_proj.weight,
+// ..., model.norm.weight, lm_head.weight). dtypes F32, F16 and BF16 are loaded in place (mmap).
+//
+// Config mapping: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+// num_key_value_heads (default: num_attention_heads), vocab_size, max_position_embeddings (capped
+// by HfLoadOptions::max_seq_len), rms_norm_eps (default 1e-6), rope_theta (default 10000),
+// tie_word_embeddings (default false), bos/eos_token_id (an eos list uses its first id; default
+// 1 / 2). RoPE is the NeoX half-split layout (transformers' rotate_half) on the weights as they
+// are. Qwen2 has q/k/v biases. rope_scaling, attention_bias/mlp_bias on Llama, a head_dim other
+// than hidden_size / num_attention_heads, and hidden_act other than silu are kUnsupported.
+//
+// Thread-safety: LoadHuggingFace has no shared state; the result is immutable.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/model_weights.h"
+#include "schema/status.h"
+
+namespace bitroll::engine {
+
+struct HfLoadOptions {
+  // Caps ModelConfig::max_seq_len (max_position_embeddings is often 32K-128K, which makes the RoPE
+  // tables large). 0 = use max_position_embeddings.
+  int32_t max_seq_len = 0;
+};
+
+// Loads the checkpoint in directory `dir`. Errors:
+//   kNotFound         no config.json / no safetensors file / a shard named by the index is missing
+//   /
+//                     a required tensor is missing (the message names it)
+//   kUnsupported      another architecture (named), a dtype other than F32/F16/BF16, an
+//                     unsupported config feature (named)
+//   kCorruption       malformed config.json, index or safetensors header; the index names a tensor
+//                     its shard lacks
+//   kInvalidArgument  a tensor whose shape disagrees with config.json; a bad config value
+//   kIoError          a file cannot be read or mapped
+Result<ModelWeights> LoadHuggingFace(const std::string& dir, const HfLoadOptions& options = {});
+
+}  // namespace bitroll::engine

@@ -167,9 +167,6 @@ void Sampler::Filter(const float* logits, int32_t vocab, const SamplingParams& p
       if (pj >= threshold) cand_.emplace_back(pj, id_of(j));
     }
   };
-  auto by_prob = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
 
   size_t len = 0;
   if (use_top_p) {

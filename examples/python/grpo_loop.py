@@ -21,6 +21,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bitroll_client as bc  # noqa: E402
 
 
+STARTERS = ["Once upon a time", "Lily wanted a dog", "Tom found a big red ball",
+            "The sun was shining", "One day, a little bird", "Sam and his mom went to"]
+
+
 def reward(traj, target_len=24):
     """Toy reward: prefer answers near target_len tokens that ended on their own (EOS/stop)."""
     length_term = -abs(len(traj.ids) - target_len) / target_len
@@ -36,6 +40,10 @@ def main():
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--text", action="store_true",
+                    help="use story-starter text prompts (tokenized by the service) instead of "
+                         "random token ids")
     ap.add_argument("--dump", help="append every trajectory as JSON Lines (for `bitroll cost`)")
     args = ap.parse_args()
 
@@ -52,9 +60,13 @@ def main():
         for it in range(args.iterations):
             groups = []
             for g in range(args.groups):
-                prompt = [int(x) for x in rng.integers(3, 500, size=8)]
+                if args.text:
+                    prompt = STARTERS[(it * args.groups + g) % len(STARTERS)]
+                else:
+                    prompt = [int(x) for x in rng.integers(3, 500, size=8)]
                 groups.append(client.submit([prompt], n=args.n, seed=1000 * it + g,
-                                            params={"temperature": args.temperature},
+                                            params={"temperature": args.temperature,
+                                                    "top_p": args.top_p},
                                             max_tokens=args.max_tokens))
             print(f"iteration {it}")
             print(f"  {'group':>5} {'mean':>8} {'std':>7} {'min adv':>8} {'max adv':>8} "

@@ -159,6 +159,23 @@ Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
       BR_RETURN_IF_ERROR(ParseNumber("--null-delay-us", v, &c->null_engine.step_delay_us));
     } else if (flag == "--null-vocab") {
       BR_RETURN_IF_ERROR(ParseNumber("--null-vocab", v, &c->null_engine.vocab_size));
+    } else if (flag == "--data-dir") {
+      co.wal.dir = v;
+    } else if (flag == "--durability") {
+      const std::string d = v;
+      if (d == "sync") {
+        co.wal.durability = wal::Durability::kSyncEveryCommit;
+      } else if (d == "window") {
+        co.wal.durability = wal::Durability::kWindow;
+      } else if (d == "none") {
+        co.wal.durability = wal::Durability::kNone;
+      } else {
+        return Status::InvalidArgument("--durability must be sync, window or none");
+      }
+    } else if (flag == "--wal-commit-ms") {
+      BR_RETURN_IF_ERROR(ParseNumber("--wal-commit-ms", v, &co.wal.commit_interval_ms));
+    } else if (flag == "--wal-sync-window-ms") {
+      BR_RETURN_IF_ERROR(ParseNumber("--wal-sync-window-ms", v, &co.wal.sync_window_ms));
     } else if (flag == "--log-level") {
       c->log_level = v;
     } else {

@@ -3,16 +3,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
 #include <spdlog/spdlog.h>
 
 #include "rollout/messages.h"
+#include "rollout/wal_log.h"
 
 namespace bitroll::rollout {
 
@@ -72,6 +75,12 @@ struct Coordinator::State {
     uint32_t total = 0, delivered = 0, errors = 0, aborted = 0;
     std::unordered_set<uint64_t> live;  // work ids not yet finished
     CostInfo cost;
+    // WAL mode only.
+    uint64_t serial = 0;         // the group's serial in the WAL (trajectory id prefix)
+    bool detached = false;       // no client: deliveries wait for a re-attach (same group id)
+    bool group_pending = false;  // its AppendGroup record is not yet acknowledged
+    uint32_t unheadered = 0;     // samples without a trajectory header yet
+    std::map<uint32_t, std::string> sent;  // flat index -> delivered envelope (until Ack)
   };
   struct Work {
     uint64_t id = 0;
@@ -81,6 +90,18 @@ struct Coordinator::State {
     Clock::time_point enqueued;
     double queue_seconds = 0.0;
     int replica = -1;  // index into replicas while dispatched
+    // WAL mode only: the logged tokens (re-dispatched as forced on resume / failover).
+    bool header_logged = false;
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    uint32_t forced = 0;  // forced tokens of the current dispatch
+  };
+  struct HeldDelivery {  // finished, waiting for its finish record to be durable
+    uint64_t traj = 0;
+    std::string group_key;
+    uint32_t flat = 0;
+    std::string envelope;  // client Trajectory envelope (cost.wal_bytes filled on delivery)
+    bool failed = false;
   };
   struct Replica {
     std::string identity;
@@ -134,6 +155,13 @@ struct Coordinator::State {
   uint64_t trajectories_done = 0;
   int64_t total_cached = 0, total_computed = 0;
   RateMeter rate;
+  // WAL (null without a data dir). See rollout/wal_log.h.
+  std::unique_ptr<WalLog> wal;
+  std::deque<HeldDelivery> held;  // in finish-append (LSN) order
+  uint64_t next_serial = 1;
+  int32_t eos_id = -1;
+  bool wal_error_reported = false;
+  std::unordered_map<uint64_t, std::pair<uint64_t, uint32_t>> done_groups;  // gid -> (serial, n)
 
   State(zmq::context_t& ctx, const CoordinatorOptions& o)
       : options(o), front(ctx, zmq::socket_type::router), back(ctx, zmq::socket_type::router) {}
@@ -229,8 +257,7 @@ struct Coordinator::State {
       case wire::Message_Drain:
         return OnDrain(client, e->request_id(), e->msg_as_Drain()->resume());
       case wire::Message_Ack:
-        // Trajectory acknowledgements: nothing to compact until the WAL lands.
-        return;
+        return OnClientAck(e->msg_as_Ack());
       default:
         SendError(
             client, e->request_id(),
@@ -239,8 +266,10 @@ struct Coordinator::State {
     }
   }
 
-  static std::string GroupKey(const std::string& client, uint64_t group_id) {
-    std::string key = client;
+  // Without a WAL groups are per client; with one, a group id names one group for every client,
+  // so that a reconnected client can re-attach to it.
+  std::string GroupKey(const std::string& client, uint64_t group_id) const {
+    std::string key = wal ? std::string() : client;
     key.append(reinterpret_cast<const char*>(&group_id), sizeof(group_id));
     return key;
   }
@@ -263,10 +292,15 @@ struct Coordinator::State {
                        gid);
     }
     std::string key = GroupKey(client, gid);
-    if (groups.count(key)) {
+    if (auto it = groups.find(key); it != groups.end()) {
+      if (wal && it->second->client != client) return Reattach(it->second.get(), client);
       return SendError(client, e->request_id(),
                        Status::InvalidArgument("group " + std::to_string(gid) + " is still live"),
                        gid);
+    }
+    if (wal && !wal->status().ok()) {
+      return SendError(client, e->request_id(),
+                       wal->status().WithContext("WAL failed; not accepting new work"), gid);
     }
     const uint64_t samples = uint64_t{m->prompts()->size()} * m->n();
     if (works.size() + samples > options.max_queued) {
@@ -276,41 +310,77 @@ struct Coordinator::State {
                                     std::to_string(options.max_queued) + "); retry later"),
                        gid);
     }
-    auto g = std::make_unique<Group>();
-    g->client = client;
-    g->key = key;
-    g->buffer.assign(static_cast<const char*>(data), size);  // heap: malloc-aligned
-    g->submit = wire::GetEnvelope(g->buffer.data())->msg_as_SubmitRollouts();
-    g->group_id = gid;
-    g->total = static_cast<uint32_t>(samples);
-    const auto now = Clock::now();
-    const int prio = m->priority();
-    auto& q = queue[prio];
-    for (uint32_t i = 0; i < m->prompts()->size(); ++i) {
-      const wire::Prompt* p = g->submit->prompts()->Get(i);
-      const uint64_t h = p->ids() ? HashBytes(p->ids()->data(), p->ids()->size() * 4)
-                                  : HashBytes(p->text()->data(), p->text()->size(), 7);
-      for (uint32_t j = 0; j < m->n(); ++j) {
-        Work w;
-        w.id = next_work_id++;
-        w.group = g.get();
-        w.prompt_index = i;
-        w.sample_index = j;
-        w.affinity = h;
-        w.enqueued = now;
-        g->live.insert(w.id);
-        q.push_back(w.id);
-        works.emplace(w.id, w);
-        ++queued;
-      }
+    if (wal && samples > kWalMaxSamples) {
+      return SendError(
+          client, e->request_id(),
+          Status::InvalidArgument("a group has at most " + std::to_string(kWalMaxSamples) +
+                                  " samples when the WAL is on"),
+          gid);
     }
+    std::string_view bytes(static_cast<const char*>(data), size);
+    uint64_t serial = 0;
+    if (wal) {
+      // Logged before anything about the group is acknowledged (no trajectory is delivered
+      // before its own records, which follow this one, are durable).
+      serial = next_serial++;
+      Status ls = wal->LogGroup(serial, bytes);
+      if (!ls.ok()) return SendError(client, e->request_id(), ls.WithContext("WAL append"), gid);
+    }
+    Group* g = NewGroup(client, key, bytes, serial);
+    g->group_pending = wal != nullptr;
+    for (uint32_t i = 0; i < m->prompts()->size(); ++i) {
+      for (uint32_t j = 0; j < m->n(); ++j) AddWork(g, i, j);
+    }
+    g->unheadered = g->total;
     spdlog::debug("coordinator: submit group={} prompts={} n={} tag={}", gid, m->prompts()->size(),
                   m->n(), m->client_tag() ? m->client_tag()->str() : "");
-    groups.emplace(std::move(key), std::move(g));
+  }
+
+  // A group from a verified SubmitRollouts envelope `bytes`; no samples yet.
+  Group* NewGroup(const std::string& client, const std::string& key, std::string_view bytes,
+                  uint64_t serial) {
+    auto g = std::make_unique<Group>();
+    g->client = client;
+    g->detached = client.empty();
+    g->key = key;
+    g->buffer.assign(bytes.data(), bytes.size());  // heap: malloc-aligned
+    g->submit = wire::GetEnvelope(g->buffer.data())->msg_as_SubmitRollouts();
+    g->group_id = g->submit->group_id();
+    g->total = g->submit->prompts()->size() * g->submit->n();
+    g->serial = serial;
+    Group* raw = g.get();
+    groups.emplace(key, std::move(g));
+    return raw;
+  }
+
+  // Queues sample (i, j) of g; `log` (WAL) resumes it from its logged tokens.
+  void AddWork(Group* g, uint32_t i, uint32_t j, const wal::TrajectoryLog* log = nullptr) {
+    const wire::Prompt* p = g->submit->prompts()->Get(i);
+    Work w;
+    w.id = wal ? WalTrajId(g->serial, i * g->submit->n() + j) : next_work_id++;
+    w.group = g;
+    w.prompt_index = i;
+    w.sample_index = j;
+    w.affinity = p->ids() ? HashBytes(p->ids()->data(), p->ids()->size() * 4)
+                          : HashBytes(p->text()->data(), p->text()->size(), 7);
+    w.enqueued = Clock::now();
+    if (log != nullptr) {
+      w.header_logged = true;
+      w.tokens = log->token_ids;
+      w.logprobs = log->logprobs;
+    }
+    g->live.insert(w.id);
+    queue[g->submit->priority()].push_back(w.id);
+    works.emplace(w.id, std::move(w));
+    ++queued;
   }
 
   void FinishGroupIfDone(Group* g) {
-    if (g->delivered + g->aborted < g->total) return;
+    if (g->delivered + g->aborted < g->total || g->detached) return;
+    if (wal) {
+      if (done_groups.size() > 100000) done_groups.clear();
+      done_groups[g->group_id] = {g->serial, g->submit->n()};
+    }
     flatbuffers::FlatBufferBuilder fbb(256);
     auto done = wire::CreateGroupDone(fbb, g->group_id, g->delivered, g->errors, g->aborted,
                                       BuildCost(fbb, g->cost));
@@ -326,6 +396,7 @@ struct Coordinator::State {
     for (uint64_t id : g->live) {
       auto it = works.find(id);
       if (it == works.end()) continue;
+      if (wal && it->second.header_logged) (void)wal->Discard(id);
       if (it->second.replica >= 0) {
         per_replica[it->second.replica].push_back(id);
         replicas[it->second.replica].inflight.erase(id);
@@ -336,6 +407,10 @@ struct Coordinator::State {
       ++g->aborted;
     }
     g->live.clear();
+    if (wal && g->group_pending) {
+      (void)wal->AckGroup(g->serial);
+      g->group_pending = false;
+    }
     for (auto& [r, ids] : per_replica) {
       if (!replicas[r].alive) continue;
       flatbuffers::FlatBufferBuilder fbb(64 + ids.size() * 8);
@@ -362,12 +437,17 @@ struct Coordinator::State {
       if (g->client == client) gone.push_back(g.get());
     }
     if (!gone.empty()) {
-      spdlog::warn("coordinator: client vanished; aborting its {} live group(s)", gone.size());
+      spdlog::warn("coordinator: client vanished; {} its {} live group(s)",
+                   wal ? "detaching" : "aborting", gone.size());
     }
     std::erase_if(outbox, [&](const auto& p) { return p.first == client; });
     for (Group* g : gone) {
       g->client.clear();  // GroupDone goes nowhere
-      AbortGroup(g);
+      if (wal) {
+        g->detached = true;  // work goes on; a re-attach gets the results
+      } else {
+        AbortGroup(g);
+      }
     }
   }
 
@@ -386,7 +466,13 @@ struct Coordinator::State {
         static_cast<uint32_t>(works.size() - queued), static_cast<uint32_t>(groups.size()),
         fbb.CreateVector(loads), rate.PerSecond(now),
         denom > 0 ? static_cast<double>(total_cached) / denom : 0.0, trajectories_done,
-        weight_version, paused || (update.active && update.drain));
+        weight_version, paused || (update.active && update.drain), wal != nullptr,
+        wal ? wal->counters.tokens_logged : 0, wal ? wal->counters.recovered_tokens : 0,
+        wal ? wal->counters.forced_tokens : 0, wal ? wal->counters.resumed : 0,
+        wal ? wal->counters.forced_mismatches : 0, wal ? wal->stats().bytes_written : 0,
+        wal && !wal->status().ok() ? wire::CreateError(fbb, ToWire(wal->status().code()),
+                                                       fbb.CreateString(wal->status().message()))
+                                   : 0);
     FinishEnvelope(fbb, request_id, wire::Message_StatusReply, reply.Union());
     SendClient(client, BufferView(fbb));
   }
@@ -530,6 +616,7 @@ struct Coordinator::State {
     }
     if (!fingerprint) fingerprint = fp;
     if (options.submit.vocab_size == 0) options.submit.vocab_size = h->vocab_size();
+    if (eos_id < 0) eos_id = h->eos_id();
     auto it = replica_by_identity.find(identity);
     int r;
     if (it != replica_by_identity.end()) {
@@ -592,7 +679,8 @@ struct Coordinator::State {
         auto it = works.find(c->work_id());
         if (it == works.end() || it->second.replica != r) continue;
         Group* g = it->second.group;
-        if (g->client.empty()) continue;
+        if (wal) LogChunk(&it->second, *c);
+        if (g->client.empty() || !g->submit->stream_tokens()) continue;
         flatbuffers::FlatBufferBuilder fbb(256);
         BuildClientTokenChunk(fbb, *c,
                               {g->group_id, it->second.prompt_index, it->second.sample_index});
@@ -604,7 +692,7 @@ struct Coordinator::State {
     for (const wire::Trajectory* t : *trajs) {
       auto it = works.find(t->work_id());
       if (it == works.end() || it->second.replica != r) continue;  // aborted or re-dispatched
-      Work w = it->second;
+      Work w = std::move(it->second);
       works.erase(it);
       replicas[r].inflight.erase(w.id);
       Group* g = w.group;
@@ -614,14 +702,24 @@ struct Coordinator::State {
       cost.price_usd = cost.engine_seconds * options.price.replica_hour_usd / 3600.0 +
                        cost.sandbox_cpu_seconds * options.price.sandbox_cpu_hour_usd / 3600.0;
       const bool failed = t->finish() == wire::FinishReason_Error;
-      ++g->delivered;
-      if (failed) ++g->errors;
+      if (!wal) {
+        ++g->delivered;
+        if (failed) ++g->errors;
+      }
       g->cost.Add(cost);
       ++trajectories_done;
       total_cached += cost.prefill_cached;
       total_computed += cost.prefill_computed;
       rate.Add(cost.decode_tokens, now);
       replicas[r].rate.Add(cost.decode_tokens, now);
+      if (wal) {
+        // Delivered by DeliverDurable() once the finish record is durable.
+        flatbuffers::FlatBufferBuilder fbb(256 + (t->ids() ? t->ids()->size() * 8 : 0));
+        BuildClientTrajectory(fbb, *t, {g->group_id, w.prompt_index, w.sample_index}, cost,
+                              replicas[r].name, g->submit->client_tag());
+        LogFinish(w, *t, std::string(BufferView(fbb)));
+        continue;
+      }
       if (!g->client.empty()) {
         flatbuffers::FlatBufferBuilder fbb(256 + (t->ids() ? t->ids()->size() * 8 : 0));
         BuildClientTrajectory(fbb, *t, {g->group_id, w.prompt_index, w.sample_index}, cost,
@@ -630,6 +728,241 @@ struct Coordinator::State {
       }
       FinishGroupIfDone(g);
     }
+  }
+
+  // ---- WAL (rollout/wal_log.h) ----
+
+  // Sends the WAL's sticky error once to every attached client with live groups.
+  void ReportWalError(const Status& s) {
+    if (wal_error_reported) return;
+    wal_error_reported = true;
+    spdlog::error("coordinator: WAL failed, no new work is accepted: {}", s.ToString());
+    for (auto& [k, g] : groups) {
+      if (!g->client.empty()) {
+        SendError(g->client, 0, s.WithContext("WAL failed; results not yet durable are held"),
+                  g->group_id);
+      }
+    }
+  }
+
+  void CheckWal(const Status& s) {
+    if (!s.ok()) ReportWalError(wal->status().ok() ? s : wal->status());
+  }
+
+  // First dispatch logs the header; a re-dispatch (resume, failover) forces the logged tokens.
+  void LogDispatch(Work* w) {
+    Group* g = w->group;
+    if (!w->header_logged) {
+      const engine::NumericsFingerprint fp = fingerprint.value_or(engine::NumericsFingerprint{});
+      CheckWal(wal->LogHeader(w->id, g->serial, w->sample_index, *g->submit, g->buffer,
+                              weight_version, fp));
+      w->header_logged = true;
+      if (g->unheadered > 0 && --g->unheadered == 0 && g->group_pending) {
+        CheckWal(wal->AckGroup(g->serial));
+        g->group_pending = false;
+      }
+    }
+    w->forced = static_cast<uint32_t>(w->tokens.size());
+    if (w->forced > 0) {
+      wal->counters.forced_tokens += w->forced;
+      ++wal->counters.resumed;
+    }
+  }
+
+  // Appends the chunk's tokens past those already logged; re-scored forced tokens are compared
+  // with the log bit for bit (a mismatch is counted and reported: the numerics changed).
+  void LogChunk(Work* w, const wire::TokenChunk& c) {
+    if (c.ids() == nullptr || c.logprobs() == nullptr || c.ids()->size() != c.logprobs()->size()) {
+      return;
+    }
+    const auto n = static_cast<int64_t>(c.ids()->size());
+    const int64_t begin = c.position_begin();
+    const auto have = static_cast<int64_t>(w->tokens.size());
+    for (int64_t i = 0; i < n && begin + i < have; ++i) {
+      const int32_t id = c.ids()->Get(static_cast<uint32_t>(i));
+      const float lp = c.logprobs()->Get(static_cast<uint32_t>(i));
+      const size_t at = static_cast<size_t>(begin + i);
+      if (id != w->tokens[at] || std::memcmp(&lp, &w->logprobs[at], sizeof(float)) != 0) {
+        ++wal->counters.forced_mismatches;
+        spdlog::error("coordinator: trajectory {} token {} re-scored differently from the WAL",
+                      w->id, at);
+      }
+    }
+    const int64_t skip = std::max<int64_t>(0, have - begin);
+    if (skip >= n) return;
+    if (begin + skip != have) {
+      spdlog::error("coordinator: trajectory {} chunk at {} leaves a gap after {} tokens", w->id,
+                    begin, have);
+      return;
+    }
+    const int32_t* ids = c.ids()->data() + skip;
+    const float* lps = c.logprobs()->data() + skip;
+    const auto m = static_cast<size_t>(n - skip);
+    w->tokens.insert(w->tokens.end(), ids, ids + m);
+    w->logprobs.insert(w->logprobs.end(), lps, lps + m);
+    CheckWal(wal->LogTokens(w->id, {ids, m}, {lps, m}, c.weight_version()));
+  }
+
+  void LogFinish(const Work& w, const wire::Trajectory& t, std::string envelope) {
+    // Tokens the replica did not stream (none when it streams every one) are logged first.
+    if (t.ids() && t.logprobs() && t.ids()->size() == t.logprobs()->size() &&
+        t.ids()->size() > w.tokens.size()) {
+      const size_t k = w.tokens.size(), m = t.ids()->size() - k;
+      CheckWal(wal->LogTokens(w.id, {t.ids()->data() + k, m}, {t.logprobs()->data() + k, m},
+                              weight_version));
+    }
+    const std::string err = t.error() && t.error()->message() ? t.error()->message()->str() : "";
+    CheckWal(wal->LogFinish(w.id, t.finish(), err));
+    HeldDelivery d;
+    d.traj = w.id;
+    d.group_key = w.group->key;
+    d.flat = WalFlatOf(w.id);
+    d.envelope = std::move(envelope);
+    d.failed = t.finish() == wire::FinishReason_Error;
+    held.push_back(std::move(d));
+  }
+
+  // Commits (group commit) and delivers the trajectories whose finish record is durable.
+  void CommitAndDeliver() {
+    CheckWal(wal->MaybeCommit());
+    while (!held.empty() && wal->Durable(held.front().traj)) {
+      HeldDelivery d = std::move(held.front());
+      held.pop_front();
+      auto git = groups.find(d.group_key);
+      if (git == groups.end()) continue;  // aborted meanwhile
+      Group* g = git->second.get();
+      const wire::Trajectory* t = wire::GetEnvelope(d.envelope.data())->msg_as_Trajectory();
+      CostInfo cost = CostFromWire(t->cost());
+      cost.wal_bytes = static_cast<int64_t>(wal->Bytes(d.traj));
+      flatbuffers::FlatBufferBuilder fbb(d.envelope.size() + 64);
+      BuildClientTrajectory(fbb, *t, {g->group_id, t->prompt_index(), t->sample_index()}, cost,
+                            t->replica() ? t->replica()->string_view() : "",
+                            g->submit->client_tag());
+      Deliver(g, d.flat, std::string(BufferView(fbb)), d.failed);
+    }
+  }
+
+  void Deliver(Group* g, uint32_t flat, std::string envelope, bool failed) {
+    ++g->delivered;
+    if (failed) ++g->errors;
+    if (!g->client.empty()) SendClient(g->client, envelope);
+    g->sent[flat] = std::move(envelope);
+    FinishGroupIfDone(g);
+  }
+
+  // A client (re)submitted the group id of a live or recovered group: it becomes the group's
+  // client and gets every trajectory delivered so far and not acknowledged, then GroupDone.
+  void Reattach(Group* g, const std::string& client) {
+    spdlog::info("coordinator: client re-attached to group={} ({} of {} delivered)", g->group_id,
+                 g->delivered, g->total);
+    g->client = client;
+    g->detached = false;
+    for (const auto& [flat, env] : g->sent) SendClient(client, env);
+    FinishGroupIfDone(g);
+  }
+
+  void OnClientAck(const wire::Ack* a) {
+    if (!wal || a->prompt_index() == nullptr || a->sample_index() == nullptr) return;
+    Group* g = nullptr;
+    uint64_t serial = 0;
+    uint32_t n = 0;
+    if (auto it = groups.find(GroupKey("", a->group_id())); it != groups.end()) {
+      g = it->second.get();
+      serial = g->serial;
+      n = g->submit->n();
+    } else if (auto d = done_groups.find(a->group_id()); d != done_groups.end()) {
+      std::tie(serial, n) = d->second;
+    } else {
+      return;
+    }
+    const uint32_t k = std::min(a->prompt_index()->size(), a->sample_index()->size());
+    for (uint32_t i = 0; i < k; ++i) {
+      const uint32_t flat = a->prompt_index()->Get(i) * n + a->sample_index()->Get(i);
+      Status s = wal->Acknowledge(WalTrajId(serial, flat));
+      if (!s.ok()) spdlog::debug("coordinator: ack: {}", s.ToString());
+      if (g) g->sent.erase(flat);
+    }
+  }
+
+  // Rebuilds groups and work from the WAL (Coordinator::Start, before any thread runs).
+  Status RecoverFromWal() {
+    BR_ASSIGN_OR_RETURN(wal::RecoveryResult rec, wal->Recover());
+    std::unordered_map<uint64_t, Group*> by_serial;
+    std::unordered_map<uint64_t, const wal::TrajectoryLog*> unfinished, finished;
+    std::unordered_map<uint64_t, Status> quarantined;
+    auto note = [&](uint64_t serial) { next_serial = std::max(next_serial, serial + 1); };
+    auto make = [&](uint64_t serial, const std::string& request, bool pending) -> Group* {
+      if (auto it = by_serial.find(serial); it != by_serial.end()) return it->second;
+      std::vector<uint64_t> align;
+      auto env = DecodeEnvelope(request.data(), request.size(), options.decode);
+      if (!env.ok() || (*env)->msg_type() != wire::Message_SubmitRollouts) {
+        spdlog::error("coordinator: WAL group {} has an unreadable request", serial);
+        return nullptr;
+      }
+      const uint64_t gid = (*env)->msg_as_SubmitRollouts()->group_id();
+      if (groups.count(GroupKey("", gid))) {
+        spdlog::error("coordinator: WAL holds group id {} twice; serial {} skipped", gid, serial);
+        return nullptr;
+      }
+      Group* g = NewGroup("", GroupKey("", gid), request, serial);
+      g->group_pending = pending;
+      by_serial[serial] = g;
+      return g;
+    };
+    for (const wal::PendingGroup& pg : rec.groups) {
+      note(pg.group_id);
+      make(pg.group_id, pg.request, true);
+    }
+    for (const auto* list : {&rec.unfinished, &rec.finished}) {
+      for (const wal::TrajectoryLog& t : *list) {
+        note(WalSerialOf(t.id));
+        make(WalSerialOf(t.id), t.header.request, false);
+        (list == &rec.unfinished ? unfinished : finished)[t.id] = &t;
+      }
+    }
+    for (const auto& q : rec.quarantined) {
+      note(WalSerialOf(q.id));
+      quarantined[q.id] = q.error;
+    }
+    for (const auto& q : rec.quarantined_groups) note(q.id);
+    for (uint64_t id : rec.retained) note(WalSerialOf(id));
+    for (auto& [serial, g] : by_serial) {
+      if (g == nullptr) continue;
+      const uint32_t n = g->submit->n();
+      const std::string tag = g->submit->client_tag() ? g->submit->client_tag()->str() : "";
+      for (uint32_t flat = 0; flat < g->total; ++flat) {
+        const uint64_t id = WalTrajId(serial, flat);
+        const SampleAddress at{g->group_id, flat / n, flat % n};
+        if (auto u = unfinished.find(id); u != unfinished.end()) {
+          wal->counters.recovered_tokens += u->second->token_ids.size();
+          AddWork(g, at.prompt_index, at.sample_index, u->second);
+        } else if (auto f = finished.find(id); f != finished.end()) {
+          CostInfo cost;
+          cost.wal_bytes = static_cast<int64_t>(f->second->bytes);
+          const bool failed =
+              f->second->finish &&
+              f->second->finish->reason == static_cast<uint8_t>(wire::FinishReason_Error);
+          Deliver(g, flat, BuildLoggedTrajectory(*f->second, at, cost, tag), failed);
+        } else if (auto q = quarantined.find(id); q != quarantined.end()) {
+          Deliver(g, flat, BuildErrorTrajectory(at, q->second, tag), true);
+        } else if (g->group_pending) {
+          AddWork(g, at.prompt_index, at.sample_index);
+          ++g->unheadered;
+        } else {
+          ++g->delivered;  // acknowledged (compacted) before the restart
+        }
+      }
+      if (g->group_pending && g->unheadered == 0) {
+        BR_RETURN_IF_ERROR(wal->AckGroup(serial));
+        g->group_pending = false;
+      }
+    }
+    spdlog::info(
+        "coordinator: WAL recovered {} group(s): {} unfinished trajectories ({} logged tokens), "
+        "{} finished, {} quarantined",
+        by_serial.size(), rec.unfinished.size(), wal->counters.recovered_tokens,
+        rec.finished.size(), rec.quarantined.size());
+    return Status::Ok();
   }
 
   // ---- dispatch ----
@@ -687,10 +1020,12 @@ struct Coordinator::State {
         w.replica = r;
         w.queue_seconds += Seconds(now - w.enqueued);
         replicas[r].inflight.insert(id);
+        if (wal) LogDispatch(&w);
         auto& batch = batches[r];
         if (!batch.first) batch.first = std::make_unique<flatbuffers::FlatBufferBuilder>(4096);
         batch.second.push_back(BuildWorkItem(*batch.first, *w.group->submit, w.id,
-                                             {w.group->group_id, w.prompt_index, w.sample_index}));
+                                             {w.group->group_id, w.prompt_index, w.sample_index},
+                                             w.tokens, wal != nullptr));
       }
       if (full) break;
       if (dq.empty()) {
@@ -735,7 +1070,9 @@ struct Coordinator::State {
     zmq::message_t id, body;
     while (!stop->load(std::memory_order_relaxed)) {
       try {
-        zmq::poll(items, 2, std::chrono::milliseconds(outbox.empty() ? 20 : 1));
+        int wait_ms = outbox.empty() ? 20 : 1;
+        if (wal && !held.empty()) wait_ms = std::min(wait_ms, std::max(1, wal->MsUntilCommit()));
+        zmq::poll(items, 2, std::chrono::milliseconds(wait_ms));
         // Replica results first: they free capacity and finish groups.
         for (int k = 0; k < 4096 && back.recv(id, zmq::recv_flags::dontwait); ++k) {
           if (!id.more() || !back.recv(body, zmq::recv_flags::none)) continue;
@@ -751,6 +1088,7 @@ struct Coordinator::State {
           }
           OnClient(id.to_string(), body);
         }
+        if (wal) CommitAndDeliver();
         FlushOutbox();
         HandleFailures();
         const auto now = Clock::now();
@@ -811,6 +1149,11 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(
   }
   spdlog::info("coordinator: clients at {} replicas at {} {}", c->endpoint_, c->inproc_endpoint_,
                c->replica_endpoint_);
+  if (!options.wal.dir.empty()) {
+    BR_ASSIGN_OR_RETURN(s.wal, WalLog::Open(options.wal));
+    if (!engines.empty()) s.eos_id = engines[0]->info().eos_id;
+    BR_RETURN_IF_ERROR(s.RecoverFromWal());
+  }
   c->engines_ = std::move(engines);
   for (size_t i = 0; i < c->engines_.size(); ++i) {
     auto ro = std::make_unique<ReplicaOptions>(options.local_replica);

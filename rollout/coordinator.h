@@ -12,6 +12,12 @@
 // replica_timeout_ms is declared dead and its work is re-queued for the others; as every sample
 // is a pure function of (prompt, params, seed, sample_index) the result is the same bits.
 //
+// With Options::wal.dir set (`bitroll serve --data-dir`) every group, trajectory header, token and
+// finish is logged (rollout/wal_log.h), a trajectory is delivered only once durable, Start()
+// recovers the log (unfinished trajectories resume with their logged tokens forced), a client
+// re-attaches by re-submitting the same group id, and failover resumes from the logged tokens.
+// docs/protocol.md "Recovery".
+//
 // Ownership: the Coordinator owns its in-process engines, threads and sockets.
 // Thread-safety: Start/Stop/endpoint accessors may be called from any one thread; everything else
 // happens on the coordinator's own threads.
@@ -29,6 +35,7 @@
 #include "engine/engine.h"
 #include "rollout/protocol.h"
 #include "rollout/replica.h"
+#include "rollout/wal_log.h"
 #include "schema/status.h"
 
 namespace bitroll::rollout {
@@ -54,6 +61,8 @@ struct CoordinatorOptions {
   SubmitLimits submit;  // submit.vocab_size is taken from the first replica when 0
   PriceTable price;
   ReplicaOptions local_replica;  // options for in-process replicas (name gets "-<i>")
+  // The token-level WAL (rollout/wal_log.h). wal.dir empty (default): no WAL, no resume.
+  WalServiceOptions wal;
 };
 
 class Coordinator {

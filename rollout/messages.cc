@@ -67,7 +67,8 @@ void BuildClientTokenChunk(flatbuffers::FlatBufferBuilder& fbb, const wire::Toke
 
 flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder& fbb,
                                                   const wire::SubmitRollouts& m, uint64_t work_id,
-                                                  const SampleAddress& at) {
+                                                  const SampleAddress& at,
+                                                  std::span<const int32_t> forced, bool stream) {
   const wire::Prompt* p = m.prompts()->Get(at.prompt_index);
   flatbuffers::Offset<wire::Prompt> prompt;
   if (p->ids()) {
@@ -81,9 +82,11 @@ flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder
   }
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> stop;
   if (m.stop_ids()) stop = CopyVector(fbb, m.stop_ids());
+  flatbuffers::Offset<flatbuffers::Vector<int32_t>> forced_ids;
+  if (!forced.empty()) forced_ids = fbb.CreateVector(forced.data(), forced.size());
   return wire::CreateWorkItem(fbb, work_id, at.group_id, at.prompt_index, at.sample_index, prompt,
                               sp, m.seed(), m.max_tokens(), stop, m.stop_at_eos(), m.priority(),
-                              m.stream_tokens());
+                              m.stream_tokens() || stream, forced_ids);
 }
 
 }  // namespace bitroll::rollout

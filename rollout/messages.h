@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -30,9 +31,13 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
 void BuildClientTokenChunk(flatbuffers::FlatBufferBuilder& fbb, const wire::TokenChunk& c,
                            const SampleAddress& at);
 
-// One WorkItem of sample (prompt_index, sample_index) of `m`, for a ReplicaWork batch.
+// One WorkItem of sample (prompt_index, sample_index) of `m`, for a ReplicaWork batch. `forced`:
+// tokens to re-prefill (resume from the WAL; empty for fresh work). `stream`: ask the replica
+// for TokenChunks (the client asked for them, or the WAL logs them).
 flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder& fbb,
                                                   const wire::SubmitRollouts& m, uint64_t work_id,
-                                                  const SampleAddress& at);
+                                                  const SampleAddress& at,
+                                                  std::span<const int32_t> forced = {},
+                                                  bool stream = false);
 
 }  // namespace bitroll::rollout

@@ -121,6 +121,30 @@ Result<engine::StepResult> NullEngine::Step() {
         stats_.prefill_tokens_computed += n;
         processed += n - 1;
       }
+      // Teacher forcing (resume): the forced tokens are appended as given, each scored by the
+      // same pure function of its position, all in the prefill step.
+      const bool greedy_f = s->req.sampling.temperature == 0.0f;
+      for (const int32_t f : s->req.forced) {
+        const int32_t fk = static_cast<int32_t>(s->out.tokens.size());
+        const int32_t fpos = static_cast<int32_t>(s->req.prompt.size()) + fk;
+        const uint64_t fh = NullTokenHash(s->prompt_hash, s->req.sampling.seed, s->req.sample_index,
+                                          greedy_f, fpos, salt_);
+        const float flp = -static_cast<float>(fh >> 40) * (1.0f / 1048576.0f);
+        if (s->out.versions.empty() || s->out.versions.back().version != version_) {
+          s->out.versions.push_back({fk, version_});
+        }
+        s->out.tokens.push_back(f);
+        s->out.logprobs.push_back(flp);
+        r.tokens.push_back({id, fpos, f, flp, version_});
+        ++processed;
+      }
+      if (!s->req.forced.empty() &&
+          static_cast<int32_t>(s->out.tokens.size()) >= s->req.stop.max_tokens) {
+        s->out.finish = engine::FinishReason::kLength;
+        worked.emplace_back(s.get(), processed);
+        r.tokens_processed += processed;
+        continue;
+      }
     }
     const auto k = static_cast<int32_t>(s->out.tokens.size());
     const int32_t pos = static_cast<int32_t>(s->req.prompt.size()) + k;

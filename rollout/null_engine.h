@@ -15,6 +15,8 @@
 // tests re-derive these values independently. UpdateWeights sets salt = FNV-1a-64 of the path
 // (0 for ""), so tokens after a swap differ and carry the new version.
 //
+// SequenceRequest::forced tokens (resume from the WAL) are appended in the prefill step, each
+// scored by the same function of its position, so a resumed sequence is bit-identical.
 // Each Step() advances every running sequence by one token (prefill counts as the first step),
 // sleeps `step_delay_us` and shares its wall time among sequences as engine_seconds. A group's
 // second and later sequences report their prompt as cached (a toy prefix cache).

@@ -81,9 +81,10 @@ class ReplicaLoop {
   void SendHello() {
     const engine::ModelInfo& info = engine_.info();
     flatbuffers::FlatBufferBuilder fbb(512);
-    auto hello = wire::CreateReplicaHello(fbb, fbb.CreateString(options_.name), info.vocab_size,
-                                          info.max_seq_len, BuildFingerprint(fbb, info.fingerprint),
-                                          options_.capacity, version_, options_.remote);
+    auto hello =
+        wire::CreateReplicaHello(fbb, fbb.CreateString(options_.name), info.vocab_size,
+                                 info.max_seq_len, BuildFingerprint(fbb, info.fingerprint),
+                                 options_.capacity, version_, options_.remote, info.eos_id);
     FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, hello.Union());
     Send(fbb);
   }
@@ -161,6 +162,8 @@ class ReplicaLoop {
     req.stop.max_tokens = w.max_tokens();
     req.stop.stop_at_eos = w.stop_at_eos();
     if (w.stop_ids()) req.stop.stop_ids.assign(w.stop_ids()->begin(), w.stop_ids()->end());
+    // Resume (WAL): the logged tokens are re-prefilled and re-scored, then decoding continues.
+    if (w.forced_ids()) req.forced.assign(w.forced_ids()->begin(), w.forced_ids()->end());
     ItemMeta meta{w.group_id(), w.prompt_index(), w.sample_index(), w.stream_tokens()};
     Status s;
     const wire::Prompt* p = w.prompt();

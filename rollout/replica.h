@@ -7,7 +7,10 @@
 // ReplicaHeartbeat every heartbeat_ms. Weight updates are applied between two Step() calls.
 //
 // The replica never decides anything numerical: each WorkItem carries (prompt, sampling params,
-// seed, sample_index); the engine's results are a pure function of those.
+// seed, sample_index, forced tokens); the engine's results are a pure function of those. A resumed
+// item (WorkItem.forced_ids, from the coordinator's WAL) is added with SequenceRequest::forced:
+// the engine re-prefills and re-scores the logged tokens and continues; their TokenEvents are
+// streamed like sampled ones (the coordinator skips positions it already logged).
 //
 // Ownership: the caller owns `engine` and `ctx`; both must outlive the call.
 // Thread-safety: RunReplica() uses `engine` from the calling thread only; `stop` may be set from

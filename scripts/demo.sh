@@ -67,3 +67,24 @@ else
   echo "MISMATCH: batch composition changed a trajectory" >&2
   exit 1
 fi
+
+echo
+echo "== the service: bitroll serve with 2 replicas; a GRPO-style loop from the Python client =="
+"$bitroll" serve --model "$model" "${targs[@]}" --replicas 2 --bind 'tcp://127.0.0.1:*' \
+  --log-level warn > "$tmp/serve.out" &
+serve_pid=$!
+trap 'kill "$serve_pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+endpoint=""
+for _ in $(seq 1 100); do
+  endpoint="$(awk '/clients/ {print $NF; exit}' "$tmp/serve.out" 2>/dev/null || true)"
+  [ -n "$endpoint" ] && break
+  kill -0 "$serve_pid" 2>/dev/null || { echo "bitroll serve exited" >&2; exit 1; }
+  sleep 0.1
+done
+[ -n "$endpoint" ] || { echo "bitroll serve did not start" >&2; exit 1; }
+/usr/bin/python3 "$root/examples/python/grpo_loop.py" --endpoint "$endpoint" --text \
+  --iterations 2 --groups 3 --n 8 --max-tokens 48 --temperature 1.0 --top-p 0.9 \
+  --dump "$tmp/trajectories.jsonl"
+echo
+echo "== bitroll cost: what every trajectory cost =="
+"$bitroll" cost "$tmp/trajectories.jsonl" | head -n 40

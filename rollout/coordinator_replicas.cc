@@ -1,0 +1,242 @@
+// The coordinator's replica side: hello, results, failures, weight updates and drain.
+#include "rollout/coordinator_state.h"
+
+namespace bitroll::rollout {
+
+void Coordinator::State::SendReplica(int r, flatbuffers::FlatBufferBuilder& fbb) {
+  try {
+    back.send(zmq::buffer(replicas[r].identity), zmq::send_flags::sndmore);
+    back.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    spdlog::warn("coordinator: send to replica {} failed: {}", replicas[r].name, e.what());
+    if (e.num() == EHOSTUNREACH) dead_replicas.insert(r);
+  }
+}
+
+void Coordinator::State::SendUpdateTo(int r, const std::string& path, uint64_t version,
+                                      uint64_t request_id) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto m = wire::CreateUpdateWeights(fbb, fbb.CreateString(path), version, false);
+  FinishEnvelope(fbb, request_id, wire::Message_UpdateWeights, m.Union());
+  SendReplica(r, fbb);
+}
+
+void Coordinator::State::MaybeSendUpdate() {
+  if (!update.active || update.sent) return;
+  if (update.drain && works.size() - queued > 0) return;  // wait for in-flight work
+  update.sent = true;
+  update.replica_request_id = next_update_id++;
+  for (int r = 0; r < static_cast<int>(replicas.size()); ++r) {
+    if (!replicas[r].alive) continue;
+    update.waiting.insert(r);
+    SendUpdateTo(r, update.path, update.version, update.replica_request_id);
+  }
+  MaybeFinishUpdate();
+}
+
+void Coordinator::State::MaybeFinishUpdate() {
+  if (!update.active || !update.sent || !update.waiting.empty()) return;
+  if (update.error.ok()) {
+    weights_path = update.path;
+    weight_version = update.version;
+    spdlog::info("coordinator: weights version={} live on every replica", weight_version);
+    SendAck(update.client, update.request_id, update.version);
+  } else {
+    SendError(update.client, update.request_id, update.error);
+  }
+  update = PendingUpdate{};
+}
+
+void Coordinator::State::OnDrain(const std::string& client, uint64_t request_id, bool resume) {
+  if (resume) {
+    paused = false;
+    spdlog::info("coordinator: resume dispatch");
+    return SendAck(client, request_id, weight_version);
+  }
+  paused = true;
+  spdlog::info("coordinator: drain: dispatch paused");
+  drain_waiters.emplace_back(client, request_id);
+  MaybeFinishDrain();
+}
+
+void Coordinator::State::MaybeFinishDrain() {
+  if (drain_waiters.empty() || works.size() - queued > 0) return;
+  for (auto& [c, id] : drain_waiters) SendAck(c, id, weight_version);
+  drain_waiters.clear();
+}
+
+void Coordinator::State::OnReplica(const std::string& identity, const zmq::message_t& msg) {
+  auto env =
+      DecodeEnvelope(AlignForRead(msg.data(), msg.size(), &align_buf), msg.size(), options.decode);
+  if (!env.ok()) {
+    spdlog::warn("coordinator: bad message from a replica: {}", env.status().ToString());
+    return;
+  }
+  const wire::Envelope* e = *env;
+  if (e->msg_type() == wire::Message_ReplicaHello) return OnHello(identity, e);
+  auto it = replica_by_identity.find(identity);
+  if (it == replica_by_identity.end() || !replicas[it->second].alive) return;  // stale
+  const int r = it->second;
+  replicas[r].last_seen = Clock::now();
+  switch (e->msg_type()) {
+    case wire::Message_ReplicaHeartbeat:
+      replicas[r].running = e->msg_as_ReplicaHeartbeat()->running();
+      return;
+    case wire::Message_ReplicaResults:
+      return OnResults(r, e->msg_as_ReplicaResults());
+    case wire::Message_Ack:
+      replicas[r].weight_version = e->msg_as_Ack()->weight_version();
+      return OnUpdateReply(r, e->request_id(), Status::Ok());
+    case wire::Message_Error:
+      return OnUpdateReply(r, e->request_id(), StatusFromWire(e->msg_as_Error()));
+    default:
+      spdlog::warn("coordinator: replica {} sent unexpected {}", replicas[r].name,
+                   wire::EnumNameMessage(e->msg_type()));
+  }
+}
+
+void Coordinator::State::OnUpdateReply(int r, uint64_t request_id, Status s) {
+  if (!s.ok()) {
+    spdlog::error("coordinator: replica {} failed a weight update: {}", replicas[r].name,
+                  s.ToString());
+  }
+  if (!update.active || !update.sent || request_id != update.replica_request_id) return;
+  if (!s.ok() && update.error.ok()) update.error = s.WithContext(replicas[r].name);
+  update.waiting.erase(r);
+  MaybeFinishUpdate();
+}
+
+void Coordinator::State::OnHello(const std::string& identity, const wire::Envelope* e) {
+  const wire::ReplicaHello* h = e->msg_as_ReplicaHello();
+  engine::NumericsFingerprint fp;
+  if (const auto* f = h->fingerprint()) {
+    fp.weights_hash = f->weights_hash();
+    fp.kernel_version = f->kernel_version();
+    fp.attention_chunk = f->attention_chunk();
+    fp.backend = f->backend() ? f->backend()->str() : "";
+  }
+  const std::string name = h->name() ? h->name()->str() : "replica";
+  if (fingerprint &&
+      (fingerprint->weights_hash != fp.weights_hash ||
+       fingerprint->kernel_version != fp.kernel_version ||
+       fingerprint->attention_chunk != fp.attention_chunk || fingerprint->backend != fp.backend)) {
+    spdlog::error("coordinator: replica {} refused: numerics fingerprint differs", name);
+    return;
+  }
+  if (!fingerprint) fingerprint = fp;
+  if (options.submit.vocab_size == 0) options.submit.vocab_size = h->vocab_size();
+  if (eos_id < 0) eos_id = h->eos_id();
+  auto it = replica_by_identity.find(identity);
+  int r;
+  if (it != replica_by_identity.end()) {
+    r = it->second;
+    if (replicas[r].alive) ReplicaDead(r, "said hello again");
+  } else {
+    r = static_cast<int>(replicas.size());
+    replicas.emplace_back();
+    replica_by_identity[identity] = r;
+  }
+  Replica& rep = replicas[r];
+  rep.identity = identity;
+  rep.name = name;
+  rep.remote = h->remote();
+  rep.capacity = std::max<uint32_t>(1, h->capacity());
+  rep.alive = true;
+  rep.last_seen = Clock::now();
+  rep.weight_version = h->weight_version();
+  spdlog::info("coordinator: replica {} joined (remote={} capacity={} vocab={})", rep.name,
+               rep.remote, rep.capacity, h->vocab_size());
+  // A late joiner loads the live weights (and joins an update in progress) before any work:
+  // messages on its pipe are handled in order.
+  if (!weights_path.empty() && rep.weight_version != weight_version) {
+    SendUpdateTo(r, weights_path, weight_version, 0);
+  }
+  if (update.active && update.sent) {
+    update.waiting.insert(r);
+    SendUpdateTo(r, update.path, update.version, update.replica_request_id);
+  }
+}
+
+void Coordinator::State::ReplicaDead(int r, const char* why) {
+  Replica& rep = replicas[r];
+  if (!rep.alive) return;
+  rep.alive = false;
+  spdlog::warn("coordinator: replica {} is dead ({}); re-queueing {} sample(s)", rep.name, why,
+               rep.inflight.size());
+  std::vector<uint64_t> ids(rep.inflight.begin(), rep.inflight.end());
+  std::sort(ids.begin(), ids.end(), std::greater<>());
+  for (uint64_t id : ids) {
+    auto it = works.find(id);
+    if (it == works.end()) continue;
+    Work& w = it->second;
+    w.replica = -1;
+    w.enqueued = Clock::now();
+    queue[w.group->submit->priority()].push_front(id);
+    ++queued;
+  }
+  rep.inflight.clear();
+  if (update.active) {
+    update.waiting.erase(r);
+    MaybeFinishUpdate();
+  }
+}
+
+void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
+  const auto now = Clock::now();
+  if (const auto* chunks = res->chunks()) {
+    for (const wire::TokenChunk* c : *chunks) {
+      auto it = works.find(c->work_id());
+      if (it == works.end() || it->second.replica != r) continue;
+      Group* g = it->second.group;
+      if (wal) LogChunk(&it->second, *c);
+      if (g->client.empty() || !g->submit->stream_tokens()) continue;
+      flatbuffers::FlatBufferBuilder fbb(256);
+      BuildClientTokenChunk(fbb, *c,
+                            {g->group_id, it->second.prompt_index, it->second.sample_index});
+      SendClient(g->client, BufferView(fbb));
+    }
+  }
+  const auto* trajs = res->trajectories();
+  if (trajs == nullptr) return;
+  for (const wire::Trajectory* t : *trajs) {
+    auto it = works.find(t->work_id());
+    if (it == works.end() || it->second.replica != r) continue;  // aborted or re-dispatched
+    Work w = std::move(it->second);
+    works.erase(it);
+    replicas[r].inflight.erase(w.id);
+    Group* g = w.group;
+    g->live.erase(w.id);
+    CostInfo cost = CostFromWire(t->cost());
+    cost.queue_seconds = w.queue_seconds;
+    cost.price_usd = cost.engine_seconds * options.price.replica_hour_usd / 3600.0 +
+                     cost.sandbox_cpu_seconds * options.price.sandbox_cpu_hour_usd / 3600.0;
+    const bool failed = t->finish() == wire::FinishReason_Error;
+    if (!wal) {
+      ++g->delivered;
+      if (failed) ++g->errors;
+    }
+    g->cost.Add(cost);
+    ++trajectories_done;
+    total_cached += cost.prefill_cached;
+    total_computed += cost.prefill_computed;
+    rate.Add(cost.decode_tokens, now);
+    replicas[r].rate.Add(cost.decode_tokens, now);
+    if (wal) {
+      // Delivered by DeliverDurable() once the finish record is durable.
+      flatbuffers::FlatBufferBuilder fbb(256 + (t->ids() ? t->ids()->size() * 8 : 0));
+      BuildClientTrajectory(fbb, *t, {g->group_id, w.prompt_index, w.sample_index}, cost,
+                            replicas[r].name, g->submit->client_tag());
+      LogFinish(w, *t, std::string(BufferView(fbb)));
+      continue;
+    }
+    if (!g->client.empty()) {
+      flatbuffers::FlatBufferBuilder fbb(256 + (t->ids() ? t->ids()->size() * 8 : 0));
+      BuildClientTrajectory(fbb, *t, {g->group_id, w.prompt_index, w.sample_index}, cost,
+                            replicas[r].name, g->submit->client_tag());
+      SendClient(g->client, BufferView(fbb));
+    }
+    FinishGroupIfDone(g);
+  }
+}
+
+}  // namespace bitroll::rollout

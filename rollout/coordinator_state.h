@@ -1,0 +1,291 @@
+// rollout/coordinator_state.h: the coordinator's internal state (one object, owned by the
+// coordinator thread). Internal to rollout/coordinator*.cc; the public face is coordinator.h.
+// Its methods live in three files by concern: coordinator.cc (clients, groups, dispatch, the
+// loop), coordinator_replicas.cc (replica messages, weight updates, drain) and
+// coordinator_wal.cc (logging, durable delivery, re-attach, recovery).
+#pragma once
+
+#include "rollout/coordinator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <spdlog/spdlog.h>
+
+#include "rollout/messages.h"
+#include "rollout/wal_log.h"
+
+namespace bitroll::rollout {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+inline double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+inline uint64_t HashBytes(const void* data, size_t n, uint64_t h = 0xCBF29CE484222325ull) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001B3ull;
+  }
+  return h;
+}
+
+// Decode tokens per second over a sliding window of one-second buckets.
+class RateMeter {
+ public:
+  void Add(int64_t n, Clock::time_point now) {
+    Roll(now);
+    buckets_.back().second += n;
+  }
+  double PerSecond(Clock::time_point now) {
+    Roll(now);
+    int64_t sum = 0;
+    for (const auto& b : buckets_) sum += b.second;
+    const double span = std::max(1.0, Seconds(now - buckets_.front().first));
+    return static_cast<double>(sum) / span;
+  }
+
+ private:
+  void Roll(Clock::time_point now) {
+    if (buckets_.empty() || now - buckets_.back().first >= std::chrono::seconds(1)) {
+      buckets_.emplace_back(now, 0);
+    }
+    while (buckets_.size() > 1 && now - buckets_.front().first > std::chrono::seconds(5)) {
+      buckets_.pop_front();
+    }
+  }
+  std::deque<std::pair<Clock::time_point, int64_t>> buckets_;
+};
+
+}  // namespace
+
+struct Coordinator::State {
+  struct Group {
+    std::string client;  // routing id of the submitting DEALER
+    std::string key;     // client + group id
+    std::string buffer;  // the SubmitRollouts envelope, kept for building work items
+    const wire::SubmitRollouts* submit = nullptr;  // points into buffer
+    uint64_t group_id = 0;
+    uint32_t total = 0, delivered = 0, errors = 0, aborted = 0;
+    std::unordered_set<uint64_t> live;  // work ids not yet finished
+    CostInfo cost;
+    // WAL mode only.
+    uint64_t serial = 0;         // the group's serial in the WAL (trajectory id prefix)
+    bool detached = false;       // no client: deliveries wait for a re-attach (same group id)
+    bool group_pending = false;  // its AppendGroup record is not yet acknowledged
+    uint32_t unheadered = 0;     // samples without a trajectory header yet
+    std::map<uint32_t, std::string> sent;  // flat index -> delivered envelope (until Ack)
+  };
+  struct Work {
+    uint64_t id = 0;
+    Group* group = nullptr;
+    uint32_t prompt_index = 0, sample_index = 0;
+    uint64_t affinity = 0;  // prompt hash
+    Clock::time_point enqueued;
+    double queue_seconds = 0.0;
+    int replica = -1;  // index into replicas while dispatched
+    // WAL mode only: the logged tokens (re-dispatched as forced on resume / failover).
+    bool header_logged = false;
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    uint32_t forced = 0;  // forced tokens of the current dispatch
+  };
+  struct HeldDelivery {  // finished, waiting for its finish record to be durable
+    uint64_t traj = 0;
+    std::string group_key;
+    uint32_t flat = 0;
+    std::string envelope;  // client Trajectory envelope (cost.wal_bytes filled on delivery)
+    bool failed = false;
+  };
+  struct Replica {
+    std::string identity;
+    std::string name;
+    bool remote = false, alive = true;
+    uint32_t capacity = 256;
+    std::unordered_set<uint64_t> inflight;
+    Clock::time_point last_seen;
+    uint64_t weight_version = 0;
+    int64_t running = 0;
+    RateMeter rate;
+  };
+  struct PendingUpdate {
+    bool active = false;
+    std::string client;
+    uint64_t request_id = 0;
+    std::string path;
+    uint64_t version = 0;
+    bool drain = false;
+    bool sent = false;
+    uint64_t replica_request_id = 0;
+    Status error;                     // first replica failure
+    std::unordered_set<int> waiting;  // replicas that have not acked
+  };
+
+  CoordinatorOptions options;
+  zmq::socket_t front;
+  zmq::socket_t back;
+  const std::atomic<bool>* stop = nullptr;
+
+  std::unordered_map<std::string, std::unique_ptr<Group>> groups;
+  std::unordered_map<uint64_t, Work> works;
+  std::map<int, std::deque<uint64_t>, std::greater<>> queue;  // priority -> work ids
+  uint64_t queued = 0;
+  std::vector<Replica> replicas;
+  std::unordered_map<std::string, int> replica_by_identity;
+  std::unordered_map<uint64_t, int> affinity;
+  std::deque<std::pair<std::string, std::string>> outbox;  // client sends that hit EAGAIN
+  // Found while sending; handled between loop iterations so no iteration is invalidated.
+  std::unordered_set<std::string> gone_clients;
+  std::unordered_set<int> dead_replicas;
+  std::vector<uint64_t> align_buf;  // AlignForRead storage for the message being handled
+  uint64_t next_work_id = 1;
+  uint64_t next_update_id = 1;
+  bool paused = false;  // Drain
+  std::vector<std::pair<std::string, uint64_t>> drain_waiters;
+  PendingUpdate update;
+  std::string weights_path;  // current weights (sent to late-joining replicas)
+  uint64_t weight_version = 0;
+  std::optional<engine::NumericsFingerprint> fingerprint;
+  uint64_t trajectories_done = 0;
+  int64_t total_cached = 0, total_computed = 0;
+  RateMeter rate;
+  // WAL (null without a data dir). See rollout/wal_log.h.
+  std::unique_ptr<WalLog> wal;
+  std::deque<HeldDelivery> held;  // in finish-append (LSN) order
+  uint64_t next_serial = 1;
+  int32_t eos_id = -1;
+  bool wal_error_reported = false;
+  std::unordered_map<uint64_t, std::pair<uint64_t, uint32_t>> done_groups;  // gid -> (serial, n)
+
+  State(zmq::context_t& ctx, const CoordinatorOptions& o)
+      : options(o), front(ctx, zmq::socket_type::router), back(ctx, zmq::socket_type::router) {}
+
+  // ---- sending ----
+
+  void SendClient(const std::string& client, std::string_view bytes);
+
+  // Returns false when the message must wait (EAGAIN); a vanished client aborts its groups.
+  bool TrySend(const std::string& client, std::string_view bytes);
+
+  void FlushOutbox();
+
+  void SendError(const std::string& client, uint64_t request_id, const Status& s,
+                 uint64_t group_id = 0);
+
+  void SendAck(const std::string& client, uint64_t request_id, uint64_t version);
+
+  void SendReplica(int r, flatbuffers::FlatBufferBuilder& fbb);
+
+  // ---- clients ----
+
+  void OnClient(const std::string& client, const zmq::message_t& msg);
+
+  // Without a WAL groups are per client; with one, a group id names one group for every client,
+  // so that a reconnected client can re-attach to it.
+  std::string GroupKey(const std::string& client, uint64_t group_id) const;
+
+  void OnSubmit(const std::string& client, const wire::Envelope* e, const void* data, size_t size);
+
+  // A group from a verified SubmitRollouts envelope `bytes`; no samples yet.
+  Group* NewGroup(const std::string& client, const std::string& key, std::string_view bytes,
+                  uint64_t serial);
+
+  // Queues sample (i, j) of g; `log` (WAL) resumes it from its logged tokens.
+  void AddWork(Group* g, uint32_t i, uint32_t j, const wal::TrajectoryLog* log = nullptr);
+
+  void FinishGroupIfDone(Group* g);
+
+  // Cancels every unfinished sample of `g`, then sends GroupDone.
+  void AbortGroup(Group* g);
+
+  void OnAbort(const std::string& client, uint64_t gid, uint64_t request_id);
+
+  void ClientGone(const std::string& client);
+
+  void OnStatus(const std::string& client, uint64_t request_id);
+
+  void OnUpdateWeights(const std::string& client, const wire::Envelope* e);
+
+  void SendUpdateTo(int r, const std::string& path, uint64_t version, uint64_t request_id);
+
+  void MaybeSendUpdate();
+
+  void MaybeFinishUpdate();
+
+  void OnDrain(const std::string& client, uint64_t request_id, bool resume);
+
+  void MaybeFinishDrain();
+
+  // ---- replicas ----
+
+  void OnReplica(const std::string& identity, const zmq::message_t& msg);
+
+  void OnUpdateReply(int r, uint64_t request_id, Status s);
+
+  void OnHello(const std::string& identity, const wire::Envelope* e);
+
+  void ReplicaDead(int r, const char* why);
+
+  void OnResults(int r, const wire::ReplicaResults* res);
+
+  // ---- WAL (rollout/wal_log.h) ----
+
+  // Sends the WAL's sticky error once to every attached client with live groups.
+  void ReportWalError(const Status& s);
+
+  void CheckWal(const Status& s);
+
+  // First dispatch logs the header; a re-dispatch (resume, failover) forces the logged tokens.
+  void LogDispatch(Work* w);
+
+  // Appends the chunk's tokens past those already logged; re-scored forced tokens are compared
+  // with the log bit for bit (a mismatch is counted and reported: the numerics changed).
+  void LogChunk(Work* w, const wire::TokenChunk& c);
+
+  void LogFinish(const Work& w, const wire::Trajectory& t, std::string envelope);
+
+  // Commits (group commit) and delivers the trajectories whose finish record is durable.
+  void CommitAndDeliver();
+
+  void Deliver(Group* g, uint32_t flat, std::string envelope, bool failed);
+
+  // A client (re)submitted the group id of a live or recovered group: it becomes the group's
+  // client and gets every trajectory delivered so far and not acknowledged, then GroupDone.
+  void Reattach(Group* g, const std::string& client);
+
+  void OnClientAck(const wire::Ack* a);
+
+  // Rebuilds groups and work from the WAL (Coordinator::Start, before any thread runs).
+  Status RecoverFromWal();
+
+  // ---- dispatch ----
+
+  // Chooses a replica for a sample: its prefix's replica when alive with room, else the least
+  // loaded one with room; -1 when every replica is full.
+  int Choose(uint64_t affinity_key);
+
+  void Dispatch();
+
+  void HandleFailures();
+
+  void CheckTimeouts();
+
+  // ---- loop ----
+
+  void Run();
+};
+
+}  // namespace bitroll::rollout

@@ -30,22 +30,22 @@ struct SamplingParams {
 };
 
 struct StopParams {
-  int32_t max_tokens = 256;        // generated tokens (forced ones count) before kLength
-  std::vector<int32_t> stop_ids;   // finishing on one of these includes it in the output
-  bool stop_at_eos = true;         // the model's EOS id stops
-  bool stop_at_bos = true;         // llama2.c convention: sampling BOS stops (BOS is not emitted)
+  int32_t max_tokens = 256;       // generated tokens (forced ones count) before kLength
+  std::vector<int32_t> stop_ids;  // finishing on one of these includes it in the output
+  bool stop_at_eos = true;        // the model's EOS id stops
+  bool stop_at_bos = true;        // llama2.c convention: sampling BOS stops (BOS is not emitted)
 };
 
 struct SequenceRequest {
-  uint64_t id = 0;                  // chosen by the caller; unique among live sequences
-  std::vector<int32_t> prompt;      // token ids; non-empty; each < vocab_size
-  std::vector<int32_t> forced;      // teacher-forced continuation: appended as if sampled and
-                                    // scored (re-scoring, resume after a crash)
-  uint32_t sample_index = 0;        // index within its group; keys the sampling noise
+  uint64_t id = 0;              // chosen by the caller; unique among live sequences
+  std::vector<int32_t> prompt;  // token ids; non-empty; each < vocab_size
+  std::vector<int32_t> forced;  // teacher-forced continuation: appended as if sampled and
+                                // scored (re-scoring, resume after a crash)
+  uint32_t sample_index = 0;    // index within its group; keys the sampling noise
   SamplingParams sampling;
   StopParams stop;
-  int32_t priority = 0;             // higher runs first when the engine is full
-  uint64_t group_id = 0;            // samples of one group share the prompt's KV blocks
+  int32_t priority = 0;   // higher runs first when the engine is full
+  uint64_t group_id = 0;  // samples of one group share the prompt's KV blocks
 };
 
 enum class FinishReason : uint8_t {
@@ -69,9 +69,9 @@ struct SequenceCost {
 
 struct SequenceOutput {
   uint64_t id = 0;
-  std::vector<int32_t> tokens;   // forced tokens, then sampled ones
-  std::vector<float> logprobs;   // one per token: log p(token) under the temperature-scaled
-                                 // full distribution (temperature 0 scores at temperature 1)
+  std::vector<int32_t> tokens;  // forced tokens, then sampled ones
+  std::vector<float> logprobs;  // one per token: log p(token) under the temperature-scaled
+                                // full distribution (temperature 0 scores at temperature 1)
   FinishReason finish = FinishReason::kNone;
   Status error;
   SequenceCost cost;
@@ -140,23 +140,24 @@ struct EngineStats {
 class Tokenizer;  // engine/tokenizer.h
 
 struct EngineOptions {
-  std::string model_path;        // llama2.c .bin, GGUF file, or Hugging Face directory (detected)
-  std::string tokenizer_path;    // empty: tokenizer.bin or tok512.bin beside the model
-  int32_t threads = 1;           // kernel threads; never changes a bit
-  std::string isa = "auto";      // "auto" | "scalar" | "avx2" | "avx512"; never changes a bit
-  std::string attention = "auto";  // "auto" (chosen by load) | "single" | "split"; never changes a bit
+  std::string model_path;      // llama2.c .bin, GGUF file, or Hugging Face directory (detected)
+  std::string tokenizer_path;  // empty: tokenizer.bin or tok512.bin beside the model
+  int32_t threads = 1;         // kernel threads; never changes a bit
+  std::string isa = "auto";    // "auto" | "scalar" | "avx2" | "avx512"; never changes a bit
+  std::string attention =
+      "auto";  // "auto" (chosen by load) | "single" | "split"; never changes a bit
   int64_t kv_cache_bytes = 256ll << 20;  // KV memory budget; sets the number of blocks
-  int32_t max_step_tokens = 512;  // token budget of one step (prefill chunks + decodes)
-  int32_t max_running = 256;      // sequences decoding at once
-  uint64_t weight_version = 0;    // recorded on every token this engine produces
+  int32_t max_step_tokens = 512;         // token budget of one step (prefill chunks + decodes)
+  int32_t max_running = 256;             // sequences decoding at once
+  uint64_t weight_version = 0;           // recorded on every token this engine produces
   // Prefix cache and GRPO sharing: full KV blocks are reused across sequences by a hash chain of
   // their tokens, and group siblings share the prompt's blocks (copy-on-write). Never changes a
   // bit; false recomputes everything (the reference the tests compare against).
   bool prefix_cache = true;
-  std::string kv_disk_dir;              // non-empty: evicted prefix blocks spill to files here
-  int64_t kv_disk_bytes = 1ll << 30;    // size cap of the disk tier (LRU files deleted above it)
-  int32_t max_prefill_chunk = 256;      // prefill rows per sequence before others get a turn
-  int32_t preempt_every_steps = 0;      // test hook: preempt one running sequence every k steps
+  std::string kv_disk_dir;            // non-empty: evicted prefix blocks spill to files here
+  int64_t kv_disk_bytes = 1ll << 30;  // size cap of the disk tier (LRU files deleted above it)
+  int32_t max_prefill_chunk = 256;    // prefill rows per sequence before others get a turn
+  int32_t preempt_every_steps = 0;    // test hook: preempt one running sequence every k steps
 };
 
 class Engine {
@@ -166,7 +167,8 @@ class Engine {
   // Queues a sequence. Errors: kInvalidArgument (empty prompt, duplicate id, bad params),
   // kOutOfRange (token id outside the vocabulary, prompt longer than the context).
   virtual Status Add(SequenceRequest request) = 0;
-  // Finishes a live sequence with kAborted; it is reported by the next Step(). kNotFound if unknown.
+  // Finishes a live sequence with kAborted; it is reported by the next Step(). kNotFound if
+  // unknown.
   virtual Status Abort(uint64_t id) = 0;
   // Runs one scheduler step. A Status error means the engine itself failed, not one sequence.
   virtual Result<StepResult> Step() = 0;

@@ -87,14 +87,14 @@ class Sampler {
   float ScaledLogProb(int32_t vocab, int32_t token) const;
 
   kernels::Isa isa_;
-  bool greedy_ = false;                          // set by Filter: T == 0 (or scaled overflowed)
-  std::vector<float> scaled_;                    // [vocab] logits / T
-  std::vector<int32_t> kept_;                    // surviving ids
-  std::vector<int32_t> ids_;                     // top-k scratch
-  std::vector<float> values_;                    // scaled values of the kept set, ascending id
-  std::vector<std::pair<float, int32_t>> cand_;  // (p, id) top-p candidates
+  bool greedy_ = false;                              // set by Filter: T == 0 (or scaled overflowed)
+  std::vector<float> scaled_;                        // [vocab] logits / T
+  std::vector<int32_t> kept_;                        // surviving ids
+  std::vector<int32_t> ids_;                         // top-k scratch
+  std::vector<float> values_;                        // scaled values of the kept set, ascending id
+  std::vector<std::pair<float, int32_t>> cand_;      // (p, id) top-p candidates
   std::vector<std::pair<float, int32_t>> sort_tmp_;  // radix-sort scratch
-  std::vector<int32_t> cand_ids_;                // Gumbel-max candidates
+  std::vector<int32_t> cand_ids_;                    // Gumbel-max candidates
 };
 
 }  // namespace bitroll::engine

@@ -71,7 +71,7 @@ fi
 echo
 echo "== the service: bitroll serve with 2 replicas; a GRPO-style loop from the Python client =="
 "$bitroll" serve --model "$model" "${targs[@]}" --replicas 2 --bind 'tcp://127.0.0.1:*' \
-  --log-level warn > "$tmp/serve.out" &
+  --price-replica-hour 2.50 --log-level warn > "$tmp/serve.out" &
 serve_pid=$!
 trap 'kill "$serve_pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 endpoint=""
@@ -86,5 +86,8 @@ done
   --iterations 2 --groups 3 --n 8 --max-tokens 48 --temperature 1.0 --top-p 0.9 \
   --dump "$tmp/trajectories.jsonl"
 echo
-echo "== bitroll cost: what every trajectory cost =="
-"$bitroll" cost "$tmp/trajectories.jsonl" | head -n 40
+echo "== bitroll cost: what every trajectory cost (price: \$2.50 per replica-hour) =="
+"$bitroll" cost "$tmp/trajectories.jsonl" --price-replica-hour 2.50 > "$tmp/cost.txt"
+sed -n '1,12p' "$tmp/cost.txt"
+echo "   ..."
+awk '/per group/,0' "$tmp/cost.txt"

@@ -25,10 +25,12 @@ STARTERS = ["Once upon a time", "Lily wanted a dog", "Tom found a big red ball",
             "The sun was shining", "One day, a little bird", "Sam and his mom went to"]
 
 
-def reward(traj, target_len=24):
-    """Toy reward: prefer answers near target_len tokens that ended on their own (EOS/stop)."""
-    length_term = -abs(len(traj.ids) - target_len) / target_len
-    return length_term + (0.5 if traj.finish in ("eos", "stop") else 0.0)
+def reward(traj):
+    """Toy reward: lexical diversity (distinct tokens / tokens), plus a bonus for ending on its own
+    (EOS/stop). A real loop would score the decoded answer with a grader."""
+    ids = list(traj.ids)
+    diversity = len(set(ids)) / max(1, len(ids))
+    return diversity + (0.5 if traj.finish in ("eos", "stop") else 0.0)
 
 
 def main():

@@ -56,6 +56,10 @@ std::unique_ptr<engine::CpuEngine> MakeEngine(const EngineSetup& s,
   parts.options.max_step_tokens = s.max_step_tokens;
   parts.options.max_running = s.max_running;
   parts.options.kv_cache_bytes = s.kv_cache_bytes;
+  parts.options.prefix_cache = s.prefix_cache;
+  parts.options.max_prefill_chunk = s.max_prefill_chunk;
+  parts.options.kv_disk_dir = s.disk_dir;
+  parts.options.preempt_every_steps = s.preempt_every_steps;
   parts.matmul_override = s.matmul_override;
   Result<std::unique_ptr<engine::CpuEngine>> e = engine::CpuEngine::Create(std::move(parts));
   if (!e.ok()) {

@@ -28,6 +28,10 @@ struct EngineSetup {
   int32_t max_step_tokens = 512;
   int32_t max_running = 256;
   int64_t kv_cache_bytes = 64ll << 20;
+  bool prefix_cache = true;
+  int32_t max_prefill_chunk = 256;
+  std::string disk_dir;  // the KV disk tier's folder; empty = none
+  int32_t preempt_every_steps = 0;
   void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
                           kernels::ThreadPool*) = nullptr;
 };

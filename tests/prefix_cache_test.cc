@@ -27,33 +27,11 @@ using testing_util::SameTrajectory;
 
 constexpr int64_t kBlockBytes = 20480;  // stories260K: 2 * 5 layers * 4 kv heads * 8 * 16 * 4
 
-struct Config {
-  bool prefix_cache = true;
-  int32_t threads = 1;
-  std::string attention = "auto";
-  int32_t max_step_tokens = 512;
-  int64_t kv_cache_bytes = 64ll << 20;
-  std::string disk_dir;
-  int32_t preempt_every_steps = 0;
-};
+// Engine settings of these tests: the shared test setup (tests/engine_test_util.h).
+using Config = testing_util::EngineSetup;
 
 std::unique_ptr<engine::CpuEngine> Make(const Config& s) {
-  engine::CpuEngineParts parts;
-  parts.weights = testing_util::Stories260K();
-  if (parts.weights == nullptr) return nullptr;
-  parts.options.threads = s.threads;
-  parts.options.attention = s.attention;
-  parts.options.max_step_tokens = s.max_step_tokens;
-  parts.options.kv_cache_bytes = s.kv_cache_bytes;
-  parts.options.prefix_cache = s.prefix_cache;
-  parts.options.kv_disk_dir = s.disk_dir;
-  parts.options.preempt_every_steps = s.preempt_every_steps;
-  auto e = engine::CpuEngine::Create(std::move(parts));
-  if (!e.ok()) {
-    ADD_FAILURE() << e.status().ToString();
-    return nullptr;
-  }
-  return std::move(e).value();
+  return testing_util::MakeEngine(s);
 }
 
 Config Cold() {

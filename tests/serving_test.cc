@@ -22,31 +22,11 @@ using testing_util::SameTrajectory;
 
 constexpr int64_t kBlockBytes = 20480;  // stories260K: 2 * 5 layers * 4 kv heads * 8 * 16 * 4
 
-struct Config {
-  bool prefix_cache = true;
-  int32_t max_step_tokens = 512;
-  int32_t max_running = 256;
-  int32_t max_prefill_chunk = 256;
-  int64_t kv_cache_bytes = 64ll << 20;
-  int32_t preempt_every_steps = 0;
-};
+// Engine settings of these tests: the shared test setup (tests/engine_test_util.h).
+using Config = testing_util::EngineSetup;
 
 std::unique_ptr<engine::CpuEngine> Make(const Config& s) {
-  engine::CpuEngineParts parts;
-  parts.weights = testing_util::Stories260K();
-  if (parts.weights == nullptr) return nullptr;
-  parts.options.max_step_tokens = s.max_step_tokens;
-  parts.options.max_running = s.max_running;
-  parts.options.max_prefill_chunk = s.max_prefill_chunk;
-  parts.options.kv_cache_bytes = s.kv_cache_bytes;
-  parts.options.prefix_cache = s.prefix_cache;
-  parts.options.preempt_every_steps = s.preempt_every_steps;
-  auto e = engine::CpuEngine::Create(std::move(parts));
-  if (!e.ok()) {
-    ADD_FAILURE() << e.status().ToString();
-    return nullptr;
-  }
-  return std::move(e).value();
+  return testing_util::MakeEngine(s);
 }
 
 Config Reference() {

@@ -1,6 +1,10 @@
 // engine/tokenizer.cc: format-independent parts of the Tokenizer interface.
 #include "engine/tokenizer.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
 namespace bitroll::engine {
 
 Result<std::string> Tokenizer::Decode(std::span<const int32_t> ids, int32_t prev) const {
@@ -31,6 +35,23 @@ std::string PrintablePiece(std::string_view piece) {
     if (!(IsPrintC(c) || IsSpaceC(c))) return std::string();
   }
   return std::string(piece);
+}
+
+Status ReadTokenizerFile(const std::string& path, std::string* out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    const int err = errno;
+    if (err == ENOENT) return Status::NotFound("no tokenizer file " + path);
+    return Status::IoError("cannot open " + path + ": " + std::strerror(err));
+  }
+  out->clear();
+  char chunk[1 << 16];
+  size_t n;
+  while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0) out->append(chunk, n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) return Status::IoError("read error on " + path);
+  return Status::Ok();
 }
 
 }  // namespace bitroll::engine

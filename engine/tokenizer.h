@@ -48,4 +48,7 @@ class Tokenizer {
 // whitespace in the C locale (isprint/isspace).
 std::string PrintablePiece(std::string_view piece);
 
+// Reads a whole tokenizer file into `out`. Errors: kNotFound ("no tokenizer file PATH"), kIoError.
+Status ReadTokenizerFile(const std::string& path, std::string* out);
+
 }  // namespace bitroll::engine

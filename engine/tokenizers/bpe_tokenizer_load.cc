@@ -16,23 +16,6 @@ namespace {
 using Json = nlohmann::json;
 using namespace bpe_internal;  // NOLINT: this file builds the internal model
 
-Status ReadFile(const std::string& path, std::string* out) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    const int err = errno;
-    if (err == ENOENT) return Status::NotFound("no tokenizer file " + path);
-    return Status::IoError("cannot open " + path + ": " + std::strerror(err));
-  }
-  out->clear();
-  char chunk[1 << 16];
-  size_t n;
-  while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0) out->append(chunk, n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) return Status::IoError("read error on " + path);
-  return Status::Ok();
-}
-
 // A field's string value, "" when absent or null; false when present with another type.
 bool OptString(const Json& obj, const char* key, std::string* out) {
   out->clear();
@@ -419,13 +402,13 @@ Result<std::unique_ptr<Tokenizer>> LoadBpeTokenizer(const std::string& path,
                                                     int32_t expected_vocab_size,
                                                     const BpeTokenizerOptions& options) {
   std::string json, config;
-  BR_RETURN_IF_ERROR(ReadFile(path, &json));
+  BR_RETURN_IF_ERROR(ReadTokenizerFile(path, &json));
   if (!options.config_path.empty()) {
-    BR_RETURN_IF_ERROR(ReadFile(options.config_path, &config));
+    BR_RETURN_IF_ERROR(ReadTokenizerFile(options.config_path, &config));
   } else {
     const size_t slash = path.find_last_of('/');
     const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
-    const Status s = ReadFile(dir + "tokenizer_config.json", &config);
+    const Status s = ReadTokenizerFile(dir + "tokenizer_config.json", &config);
     if (s.code() == ErrorCode::kNotFound) {
       config.clear();
     } else {

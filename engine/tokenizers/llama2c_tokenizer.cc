@@ -207,24 +207,6 @@ Result<std::string> Llama2cTokenizer::DecodePiece(int32_t prev, int32_t token) c
   return std::string(piece);
 }
 
-// Reads a whole file into `out`.
-Status ReadFile(const std::string& path, std::string* out) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    const int err = errno;
-    if (err == ENOENT) return Status::NotFound("no tokenizer file " + path);
-    return Status::IoError("cannot open " + path + ": " + std::strerror(err));
-  }
-  out->clear();
-  char chunk[1 << 16];
-  size_t n;
-  while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0) out->append(chunk, n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) return Status::IoError("read error on " + path);
-  return Status::Ok();
-}
-
 }  // namespace
 
 Result<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::string& path,
@@ -234,7 +216,7 @@ Result<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::string& path,
                                    std::to_string(expected_vocab_size));
   }
   std::string data;
-  BR_RETURN_IF_ERROR(ReadFile(path, &data));
+  BR_RETURN_IF_ERROR(ReadTokenizerFile(path, &data));
   auto corrupt = [&](const std::string& what) { return Status::Corruption(path + ": " + what); };
   if (data.size() < 4) {
     return corrupt("expected at least 4 bytes (max_token_length), file has " +

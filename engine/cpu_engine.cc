@@ -35,6 +35,16 @@ Result<kernels::AttentionKernel> ParseAttention(const std::string& s) {
   return Status::InvalidArgument("attention kernel '" + s + "': expected auto, single or split");
 }
 
+// Keeps the prefix-cache hash chains (and so the disk tier's files) of different numerics
+// fingerprints apart. "cpu" is 0 and "cpu-bf16" 0xbf16, as before the backend seam.
+uint64_t BackendSalt(const std::string& backend) {
+  if (backend == "cpu") return 0;
+  if (backend == "cpu-bf16") return 0xbf16ull;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char ch : backend) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
@@ -65,12 +75,6 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
                                    " tokens, model expects " + std::to_string(c.vocab_size));
   }
   e->tokenizer_ = std::move(parts.tokenizer);
-  TransformerOptions topt;
-  topt.isa = isa;
-  topt.attention = attention;
-  topt.pool = e->pool_.get();
-  topt.weight_storage = parts.weight_storage;
-  topt.matmul_override = parts.matmul_override;
   e->info_.name = parts.weights->source;
   e->info_.vocab_size = c.vocab_size;
   e->info_.max_seq_len = c.max_seq_len;
@@ -79,8 +83,28 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   e->info_.fingerprint.weights_hash = parts.weights->weights_hash;
   e->info_.fingerprint.kernel_version = kernels::kKernelVersion;
   e->info_.fingerprint.attention_chunk = kernels::kAttentionChunk;
-  e->info_.fingerprint.backend = parts.weight_storage == kernels::DType::kBF16 ? "cpu-bf16" : "cpu";
-  BR_ASSIGN_OR_RETURN(e->transformer_, Transformer::Create(std::move(parts.weights), topt));
+  if (parts.backend != nullptr) {
+    const ModelConfig& bc = parts.backend->config();
+    if (bc.dim != c.dim || bc.n_layers != c.n_layers || bc.vocab_size != c.vocab_size ||
+        bc.max_seq_len != c.max_seq_len || bc.n_kv_heads != c.n_kv_heads) {
+      return Status::InvalidArgument(
+          "engine: the forward backend's model differs from the weights");
+    }
+    e->backend_ = std::move(parts.backend);
+  } else {
+    TransformerOptions topt;
+    topt.isa = isa;
+    topt.attention = attention;
+    topt.pool = e->pool_.get();
+    topt.weight_storage = parts.weight_storage;
+    topt.matmul_override = parts.matmul_override;
+    BR_ASSIGN_OR_RETURN(e->backend_, Transformer::Create(std::move(parts.weights), topt));
+  }
+  e->info_.fingerprint.backend = e->backend_->fingerprint_backend();
+  if (e->backend_->kv_store() != nullptr && !o.kv_disk_dir.empty()) {
+    return Status::Unsupported("engine: the KV disk tier is not supported by the '" +
+                               e->info_.fingerprint.backend + "' backend (K/V on the device)");
+  }
 
   KvCacheOptions kv;
   kv.n_layers = c.n_layers;
@@ -96,6 +120,8 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
                                    std::to_string(KvCache::BlockBytes(kv)) + " bytes)");
   }
   BR_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(kv));
+  BR_RETURN_IF_ERROR(e->backend_->AttachKvCache(*e->cache_));
+  e->cache_->set_store(e->backend_->kv_store());
   if (!o.kv_disk_dir.empty()) {
     KvDiskTierOptions dopt;
     dopt.dir = o.kv_disk_dir;
@@ -106,7 +132,7 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   popt.enabled = o.prefix_cache;
   popt.seed = PrefixCache::ChainSeed(e->info_.fingerprint.weights_hash, kernels::kKernelVersion,
                                      kv.block_size) ^
-              (parts.weight_storage == kernels::DType::kBF16 ? 0xbf16ull : 0);
+              BackendSalt(e->info_.fingerprint.backend);
   popt.disk = e->disk_.get();
   e->prefix_ = std::make_unique<PrefixCache>(e->cache_.get(), popt);
   SchedulerOptions so;
@@ -231,7 +257,7 @@ Result<StepResult> CpuEngine::Step() {
   }
   if (!rows_.empty()) {
     logits_.resize(static_cast<size_t>(n_logits * info_.vocab_size));
-    BR_RETURN_IF_ERROR(transformer_->Forward(rows_, cache_.get(), logits_.data()));
+    BR_RETURN_IF_ERROR(backend_->Forward(rows_, cache_.get(), logits_.data()));
   }
   // Consume logits in row order; account costs.
   const double seconds =
@@ -362,18 +388,17 @@ Status CpuEngine::CheckBlockAccounting() const {
 
 Status CpuEngine::UpdateWeights(const std::string& path, uint64_t version) {
   BR_ASSIGN_OR_RETURN(ModelWeights w, LoadModelWeights(path));
-  const ModelConfig& a = transformer_->config();
+  const ModelConfig& a = backend_->config();
   const ModelConfig& b = w.config;
   if (a.dim != b.dim || a.hidden_dim != b.hidden_dim || a.n_layers != b.n_layers ||
       a.n_heads != b.n_heads || a.n_kv_heads != b.n_kv_heads || a.vocab_size != b.vocab_size ||
       a.max_seq_len != b.max_seq_len) {
     return Status::InvalidArgument("update weights: " + path + " has a different shape");
   }
-  TransformerOptions topt = transformer_->options();
   const uint64_t hash = w.weights_hash;
-  BR_ASSIGN_OR_RETURN(
-      std::unique_ptr<Transformer> t,
-      Transformer::Create(std::make_shared<const ModelWeights>(std::move(w)), topt));
+  BR_ASSIGN_OR_RETURN(std::unique_ptr<ForwardBackend> t,
+                      backend_->WithWeights(std::make_shared<const ModelWeights>(std::move(w))));
+  BR_RETURN_IF_ERROR(t->AttachKvCache(*cache_));
   // Cached K/V were computed by the old weights; running sequences are recomputed from their
   // tokens under the new ones.
   for (auto& [id, s] : live_) {
@@ -381,8 +406,11 @@ Status CpuEngine::UpdateWeights(const std::string& path, uint64_t version) {
     s->block_hashes.clear();  // chained from the old weights' seed
   }
   prefix_->Reset(PrefixCache::ChainSeed(hash, kernels::kKernelVersion, cache_->block_size()) ^
-                 (weight_storage_ == kernels::DType::kBF16 ? 0xbf16ull : 0));
-  transformer_ = std::move(t);
+                 BackendSalt(info_.fingerprint.backend));
+  // The new backend's K/V storage starts empty: every block was released above (the prefix
+  // cache's Reset drops its entries), so nothing refers to the old storage any more.
+  cache_->set_store(t->kv_store());
+  backend_ = std::move(t);
   weight_version_ = version;
   info_.fingerprint.weights_hash = hash;
   return Status::Ok();

@@ -1,7 +1,11 @@
 // engine/cpu_engine.h: the CPU implementation of engine::Engine.
 //
-// One CpuEngine is one replica: a Transformer (packed weights), a KV cache, a scheduler, a sampler
-// and a thread pool. See engine.h for the API contract and the invariance promise.
+// One CpuEngine is one replica: a forward backend (engine/forward_backend.h: the CPU Transformer by
+// default, or a device backend such as engine/cuda/cuda_transformer.h), a KV cache (its block
+// accounting; the K/V bytes live where the backend keeps them), a scheduler, a prefix cache, a
+// sampler and a thread pool. Scheduling, prefix caching, block accounting and sampling run on the
+// host for every backend; only the forward pass is the backend's. See engine.h for the API
+// contract and the invariance promise.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +15,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/forward_backend.h"
 #include "engine/kv_cache.h"
 #include "engine/kv_disk_tier.h"
 #include "engine/prefix_cache.h"
@@ -33,6 +38,10 @@ struct CpuEngineParts {
   // Test seam (see TransformerOptions::matmul_override); nullptr in production.
   void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
                           kernels::ThreadPool*) = nullptr;
+  // A ready forward backend over `weights` (e.g. the CUDA one); null builds the CPU Transformer
+  // from weight_storage / matmul_override. With a backend that stores K/V itself
+  // (kv_store() != nullptr) the disk tier is refused (kUnsupported).
+  std::unique_ptr<ForwardBackend> backend;
 };
 
 class CpuEngine final : public Engine {
@@ -49,8 +58,8 @@ class CpuEngine final : public Engine {
   Status UpdateWeights(const std::string& path, uint64_t version) override;
 
   // Forces an attention kernel (tests); kAuto chooses by load.
-  void set_attention_kernel(kernels::AttentionKernel k) { transformer_->set_attention_kernel(k); }
-  const Transformer& transformer() const { return *transformer_; }
+  void set_attention_kernel(kernels::AttentionKernel k) { backend_->set_attention_kernel(k); }
+  const ForwardBackend& backend() const { return *backend_; }
 
   // Checks the KV block accounting: every block's reference count equals the number of block
   // tables that hold it plus one if the prefix cache names it, and exactly the blocks with count 0
@@ -81,7 +90,7 @@ class CpuEngine final : public Engine {
   ModelInfo info_;
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<Transformer> transformer_;
+  std::unique_ptr<ForwardBackend> backend_;  // declared before cache_: outlives its store pointer
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<KvDiskTier> disk_;     // may be null
   std::unique_ptr<PrefixCache> prefix_;  // declared after cache_: destroyed first

@@ -105,7 +105,8 @@ struct NumericsFingerprint {
   uint64_t weights_hash = 0;
   uint32_t kernel_version = 0;
   uint32_t attention_chunk = 0;  // S
-  std::string backend;           // "cpu" (ISA is not part of it: all CPU ISAs give equal bits)
+  std::string backend;           // "cpu", "cpu-bf16" or "cuda" (ISA is not part of it: all CPU ISAs
+                        // give equal bits; GPU models are, see engine/cuda/cuda_transformer.h)
 };
 
 struct ModelInfo {
@@ -142,8 +143,12 @@ class Tokenizer;  // engine/tokenizer.h
 struct EngineOptions {
   std::string model_path;      // llama2.c .bin, GGUF file, or Hugging Face directory (detected)
   std::string tokenizer_path;  // empty: tokenizer.bin or tok512.bin beside the model
-  int32_t threads = 1;         // kernel threads; never changes a bit
-  std::string isa = "auto";    // "auto" | "scalar" | "avx2" | "avx512"; never changes a bit
+  // Where the forward pass runs: "cpu" (default) or "cuda" (weights and the KV cache on the GPU;
+  // a different numerics fingerprint). OpenEngine: kInvalidArgument for any other value,
+  // kUnsupported "this build has no CUDA", kUnavailable "no CUDA device: ..." without a GPU.
+  std::string device = "cpu";
+  int32_t threads = 1;       // kernel threads; never changes a bit
+  std::string isa = "auto";  // "auto" | "scalar" | "avx2" | "avx512"; never changes a bit
   std::string attention =
       "auto";  // "auto" (chosen by load) | "single" | "split"; never changes a bit
   int64_t kv_cache_bytes = 256ll << 20;  // KV memory budget; sets the number of blocks
@@ -181,8 +186,9 @@ class Engine {
   virtual Status UpdateWeights(const std::string& path, uint64_t version) = 0;
 };
 
-// Opens the model named by options.model_path (format detected) on the CPU backend.
-// Errors: kNotFound, kCorruption, kUnsupported, kInvalidArgument (see the loaders).
+// Opens the model named by options.model_path (format detected) on options.device.
+// Errors: kNotFound, kCorruption, kUnsupported, kInvalidArgument (see the loaders); for device
+// "cuda" also kUnsupported (a build without CUDA) and kUnavailable (no usable CUDA device).
 Result<std::unique_ptr<Engine>> OpenEngine(const EngineOptions& options);
 
 }  // namespace bitroll::engine

@@ -1,5 +1,8 @@
 #include "engine/kv_cache.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <string>
@@ -27,12 +30,10 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o) {
   }
   std::unique_ptr<KvCache> c(new KvCache(o));
   c->layer_stride_ = o.num_blocks * o.n_kv_heads * o.head_dim * o.block_size;
-  try {
-    // Zero-filled: slots beyond a sequence's length are never read as values, but the SIMD score
-    // loop loads whole chunks, so they must hold finite numbers.
-    c->k_.assign(static_cast<size_t>(c->layer_stride_ * o.n_layers), 0.0f);
-    c->v_.assign(static_cast<size_t>(c->layer_stride_ * o.n_layers), 0.0f);
-  } catch (const std::bad_alloc&) {
+  // Zero-filled: slots beyond a sequence's length are never read as values, but the SIMD score
+  // loop loads whole chunks, so they must hold finite numbers.
+  const auto floats = static_cast<size_t>(c->layer_stride_ * o.n_layers);
+  if (!c->k_.Map(floats) || !c->v_.Map(floats)) {
     return Status::ResourceExhausted("kv cache: cannot allocate " +
                                      std::to_string(BlockBytes(o) * o.num_blocks) + " bytes");
   }
@@ -40,6 +41,19 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o) {
   c->free_.reserve(static_cast<size_t>(o.num_blocks));
   for (int64_t b = o.num_blocks - 1; b >= 0; --b) c->free_.push_back(static_cast<int32_t>(b));
   return c;
+}
+
+KvCache::ZeroPages::~ZeroPages() {
+  if (p_ != nullptr) munmap(p_, std::max<size_t>(n_, 1) * sizeof(float));
+}
+
+bool KvCache::ZeroPages::Map(size_t floats) {
+  void* p = mmap(nullptr, std::max<size_t>(floats, 1) * sizeof(float), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return false;
+  p_ = static_cast<float*>(p);
+  n_ = floats;
+  return true;
 }
 
 Result<int32_t> KvCache::Allocate() {
@@ -73,6 +87,10 @@ void KvCache::Write(int32_t layer, int32_t block, int32_t slot, const float* k, 
 }
 
 void KvCache::CopyBlock(int32_t src, int32_t dst) {
+  if (store_ != nullptr) {
+    store_->CopyBlock(src, dst);
+    return;
+  }
   const int64_t per = int64_t{opt_.n_kv_heads} * opt_.head_dim * opt_.block_size;
   for (int32_t l = 0; l < opt_.n_layers; ++l) {
     const int64_t base = l * layer_stride_;
@@ -82,6 +100,10 @@ void KvCache::CopyBlock(int32_t src, int32_t dst) {
 }
 
 void KvCache::ExportBlock(int32_t block, float* out) const {
+  if (store_ != nullptr) {
+    store_->ExportBlock(block, out);
+    return;
+  }
   const int64_t per = int64_t{opt_.n_kv_heads} * opt_.head_dim * opt_.block_size;
   for (int32_t l = 0; l < opt_.n_layers; ++l) {
     const int64_t base = l * layer_stride_ + block * per;
@@ -91,6 +113,10 @@ void KvCache::ExportBlock(int32_t block, float* out) const {
 }
 
 void KvCache::ImportBlock(int32_t block, const float* in) {
+  if (store_ != nullptr) {
+    store_->ImportBlock(block, in);
+    return;
+  }
   const int64_t per = int64_t{opt_.n_kv_heads} * opt_.head_dim * opt_.block_size;
   for (int32_t l = 0; l < opt_.n_layers; ++l) {
     const int64_t base = l * layer_stride_ + block * per;

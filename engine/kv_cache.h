@@ -15,6 +15,12 @@
 // prefix); nobody may Write() into it. Writers first copy it (CopyBlock into a fresh block:
 // copy-on-write, done by the scheduler before the step runs).
 //
+// Device storage: a forward backend that keeps the K/V bytes elsewhere (the CUDA backend's device
+// pool, indexed by the same block ids) installs a KvBlockStore with set_store(); CopyBlock,
+// ExportBlock and ImportBlock then act on that store, and the host pages (lazily mapped zero
+// pages) are never touched, so they cost nothing. The accounting (Allocate / Retain / Release /
+// RefCount) is the same either way.
+//
 // Thread-safety: not thread-safe; owned by one engine. Write() calls for distinct slots may run in
 // parallel.
 #pragma once
@@ -26,6 +32,17 @@
 #include "schema/status.h"
 
 namespace bitroll::engine {
+
+// Block operations of a backend that stores the K/V bytes itself (engine/forward_backend.h).
+// Payload layout of Export/Import: KvCache::ExportBlock's. Errors are the store's to keep and
+// report (the CUDA store reports them from the next forward pass).
+class KvBlockStore {
+ public:
+  virtual ~KvBlockStore() = default;
+  virtual void CopyBlock(int32_t src, int32_t dst) = 0;
+  virtual void ExportBlock(int32_t block, float* out) const = 0;
+  virtual void ImportBlock(int32_t block, const float* in) = 0;
+};
 
 struct KvCacheOptions {
   int32_t n_layers = 0;
@@ -42,6 +59,7 @@ class KvCache {
   // Bytes of one block across all layers (K and V).
   static int64_t BlockBytes(const KvCacheOptions& options);
 
+  const KvCacheOptions& options() const { return opt_; }
   int32_t block_size() const { return opt_.block_size; }
   int64_t num_blocks() const { return opt_.num_blocks; }
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
@@ -58,6 +76,9 @@ class KvCache {
 
   // Floats of one block across all layers, K then V (the Export/Import payload).
   int64_t block_floats() const { return BlockBytes(opt_) / 4; }
+  // Routes CopyBlock / ExportBlock / ImportBlock to `store` (not owned; nullptr = the host pages).
+  void set_store(KvBlockStore* store) { store_ = store; }
+  const KvBlockStore* store() const { return store_; }
   // Copies every layer's K and V of block `src` into block `dst` (copy-on-write).
   // REQUIRES: src != dst, both allocated.
   void CopyBlock(int32_t src, int32_t dst);
@@ -66,7 +87,7 @@ class KvCache {
   void ExportBlock(int32_t block, float* out) const;
   void ImportBlock(int32_t block, const float* in);
 
-  // This layer's pools, as the attention kernel wants them.
+  // This layer's host pools, as the CPU attention kernel wants them (unused with a store).
   const float* k_layer(int32_t layer) const { return k_.data() + layer * layer_stride_; }
   const float* v_layer(int32_t layer) const { return v_.data() + layer * layer_stride_; }
   // Stores one token's k and v (each n_kv_heads * head_dim floats) at `slot` of `block`.
@@ -75,12 +96,31 @@ class KvCache {
  private:
   explicit KvCache(const KvCacheOptions& options) : opt_(options) {}
 
+  // Anonymous zero pages (mmap): the kernel zeroes a page on first touch, so a large cache costs
+  // nothing at startup (a restart after a crash pays only for the blocks it uses).
+  class ZeroPages {
+   public:
+    ZeroPages() = default;
+    ZeroPages(const ZeroPages&) = delete;
+    ZeroPages& operator=(const ZeroPages&) = delete;
+    ~ZeroPages();
+    bool Map(size_t floats);  // false when the mapping fails
+    float* data() { return p_; }
+    const float* data() const { return p_; }
+    size_t size() const { return n_; }
+
+   private:
+    float* p_ = nullptr;
+    size_t n_ = 0;
+  };
+
   KvCacheOptions opt_;
   int64_t layer_stride_ = 0;  // floats per layer in each pool
-  std::vector<float> k_;
-  std::vector<float> v_;
+  ZeroPages k_;
+  ZeroPages v_;
   std::vector<int32_t> refs_;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
+  KvBlockStore* store_ = nullptr;
 };
 
 }  // namespace bitroll::engine

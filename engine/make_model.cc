@@ -22,6 +22,7 @@ const ModelShape kShapes[] = {
     {"stories15m", 288, 768, 6, 6, 6, 32000, 256},
     {"stories260k", 64, 172, 5, 8, 4, 512, 512},
     {"tiny", 32, 64, 2, 4, 2, 300, 128},
+    {"qwen0.5b-like", 896, 4864, 24, 14, 2, 151936, 4096},
 };
 
 constexpr uint32_t kWeightStream = 0x6D6F646C;  // "mold"

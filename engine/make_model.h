@@ -44,6 +44,9 @@ struct ModelShape {
 //   "stories15m"      288,  768,  6,  6,  6, 32000,  256
 //   "stories260k"      64,  172,  5,  8,  4,   512,  512
 //   "tiny"             32,   64,  2,  4,  2,   300,  128   (small and fast, for unit tests)
+//   "qwen0.5b-like"   896, 4864, 24, 14,  2, 151936, 4096 (Qwen2.5-0.5B's sizes without its
+//                     biases: 494M parameters, 1.98 GB as an fp32 file; the GPU benchmark
+//                     tests/bench/bench_cuda_engine.cc builds it in memory instead)
 // Errors: kNotFound for any other name (the message lists the known ones).
 Result<ModelShape> NamedShape(std::string_view name);
 

@@ -59,6 +59,7 @@ TEST(MakeModelTest, NamedShapes) {
       {"stories260k", {64, 172, 5, 8, 4, 512, 512}},
       {"stories15m", {288, 768, 6, 6, 6, 32000, 256}},
       {"tiny", {32, 64, 2, 4, 2, 300, 128}},
+      {"qwen0.5b-like", {896, 4864, 24, 14, 2, 151936, 4096}},
   };
   for (const Want& w : wants) {
     auto s = NamedShape(w.name);

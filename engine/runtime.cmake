@@ -19,4 +19,13 @@ bitroll_add_test(NAME engine_prefix_cache_test SOURCES ${_r}/prefix_cache_test.c
   LIBS bitroll_engine TIMEOUT 60)
 bitroll_add_test(NAME engine_kv_disk_tier_test SOURCES ${_r}/kv_disk_tier_test.cc
   LIBS bitroll_engine TIMEOUT 60)
+# Device selection (EngineOptions::device): typed errors in every build, no model needed.
+bitroll_add_test(NAME engine_device_test SOURCES ${_r}/device_test.cc LIBS bitroll_engine
+  TIMEOUT 60)
 unset(_r)
+
+# The CUDA forward backend (engine/cuda/): built into bitroll_engine when this build has CUDA
+# (BITROLL_HAVE_CUDA, top-level CMakeLists.txt); OpenEngine then offers device "cuda".
+if(BITROLL_HAVE_CUDA AND TARGET bitroll_kernels_cuda)
+  include(${CMAKE_CURRENT_LIST_DIR}/cuda/cuda.cmake)
+endif()

@@ -104,6 +104,12 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(
   return t;
 }
 
+Result<std::unique_ptr<ForwardBackend>> Transformer::WithWeights(
+    std::shared_ptr<const ModelWeights> weights) const {
+  BR_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> t, Create(std::move(weights), opt_));
+  return std::unique_ptr<ForwardBackend>(std::move(t));
+}
+
 void Transformer::EnsureScratch(int64_t rows) {
   if (rows <= capacity_) return;
   const ModelConfig& c = w_->config;

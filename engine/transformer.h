@@ -18,6 +18,9 @@
 //   hb   [hidden]                   SwiGLU(gate, up)
 //   logits [vocab]                  only for rows that ask for them
 //
+// This is the CPU ForwardBackend (engine/forward_backend.h): K/V live in the KvCache's host pages.
+// Fingerprint backend: "cpu" (fp32 weight storage) or "cpu-bf16".
+//
 // Thread-safety: not thread-safe (scratch buffers); one per engine.
 #pragma once
 
@@ -26,8 +29,10 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "engine/forward_backend.h"
 #include "engine/kv_cache.h"
 #include "engine/model_weights.h"
 #include "kernels/cpu/attention.h"
@@ -51,30 +56,29 @@ struct TransformerOptions {
                           kernels::ThreadPool*) = nullptr;
 };
 
-struct ForwardRow {
-  int32_t token = 0;
-  int32_t position = 0;
-  const int32_t* block_table = nullptr;  // the row's sequence; covers position
-  bool want_logits = false;
-};
-
-class Transformer {
+class Transformer final : public ForwardBackend {
  public:
   // Packs the weights for the kernels. `weights` must outlive the Transformer (norm vectors and the
   // embedding table are read in place).
   static Result<std::unique_ptr<Transformer>> Create(std::shared_ptr<const ModelWeights> weights,
                                                      const TransformerOptions& options);
 
-  const ModelConfig& config() const { return w_->config; }
+  std::string fingerprint_backend() const override {
+    return opt_.weight_storage == kernels::DType::kBF16 ? "cpu-bf16" : "cpu";
+  }
+  const ModelConfig& config() const override { return w_->config; }
   const ModelWeights& weights() const { return *w_; }
   const TransformerOptions& options() const { return opt_; }
-  void set_attention_kernel(kernels::AttentionKernel k) { opt_.attention = k; }
+  void set_attention_kernel(kernels::AttentionKernel k) override { opt_.attention = k; }
+  // Transformer::Create(weights, options()).
+  Result<std::unique_ptr<ForwardBackend>> WithWeights(
+      std::shared_ptr<const ModelWeights> weights) const override;
 
   // Runs `rows` through the model. Writes each row's K/V into `cache`, then the logits of the rows
   // with want_logits, in row order, to `logits` ([count][vocab]).
   // REQUIRES: the block tables cover every position; earlier positions of each sequence are cached.
   // Errors: kOutOfRange for a token id outside the vocabulary or a position past max_seq_len.
-  Status Forward(std::span<const ForwardRow> rows, KvCache* cache, float* logits);
+  Status Forward(std::span<const ForwardRow> rows, KvCache* cache, float* logits) override;
 
  private:
   struct Layer {  // matrices are set once by Create()

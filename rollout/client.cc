@@ -35,6 +35,24 @@ TrajectoryResult FromWire(const wire::Trajectory& t) {
   r.replica = t.replica() ? t.replica()->str() : "";
   r.client_tag = t.client_tag() ? t.client_tag()->str() : "";
   r.error = StatusFromWire(t.error());
+  if (t.mask()) r.mask.assign(t.mask()->begin(), t.mask()->end());
+  if (t.tool_calls()) {
+    for (const wire::ToolCallInfo* c : *t.tool_calls()) {
+      ToolCallResult o;
+      o.name = c->name() ? c->name()->str() : "";
+      o.input = c->input() ? c->input()->str() : "";
+      o.tier = c->tier();
+      o.exit_status = c->exit_status();
+      o.output = c->output() ? c->output()->str() : "";
+      o.output_truncated = c->output_truncated();
+      o.error = StatusFromWire(c->error());
+      o.wall_seconds = c->wall_seconds();
+      o.cpu_seconds = c->cpu_seconds();
+      o.token_index = c->token_index();
+      o.replayed = c->replayed();
+      r.tool_calls.push_back(std::move(o));
+    }
+  }
   return r;
 }
 
@@ -78,9 +96,23 @@ std::string EncodeSubmit(const SubmitRequest& q, uint64_t request_id) {
   auto stop_ids = fbb.CreateVector(q.stop_ids);
   auto stop_strings = fbb.CreateVectorOfStrings(q.stop_strings);
   auto tag = fbb.CreateString(q.client_tag);
+  std::vector<flatbuffers::Offset<wire::ToolSpec>> tools;
+  for (const ToolSpecInput& t : q.tools) {
+    auto lim = wire::CreateToolLimits(fbb, t.wall_ms, t.cpu_ms, t.memory_bytes, t.output_bytes,
+                                      t.processes, t.network);
+    tools.push_back(
+        wire::CreateToolSpec(fbb, fbb.CreateString(t.name), t.tier,
+                             t.command_template.empty() ? 0 : fbb.CreateString(t.command_template),
+                             t.function.empty() ? 0 : fbb.CreateString(t.function), lim));
+  }
+  auto tv = tools.empty() ? 0 : fbb.CreateVector(tools);
+  auto open = q.tool_open.empty() ? 0 : fbb.CreateString(q.tool_open);
+  auto close = q.tool_close.empty() ? 0 : fbb.CreateString(q.tool_close);
+  auto tmpl = q.tool_result_template.empty() ? 0 : fbb.CreateString(q.tool_result_template);
   auto m = wire::CreateSubmitRollouts(fbb, q.group_id, pv, q.n, sp, q.seed, q.max_tokens,
-                                      q.max_turns, stop_ids, stop_strings, q.stop_at_eos, 0,
-                                      q.priority, tag, q.stream_tokens);
+                                      q.max_turns, stop_ids, stop_strings, q.stop_at_eos, tv,
+                                      q.priority, tag, q.stream_tokens, open, close, q.tool_open_id,
+                                      q.tool_close_id, tmpl);
   FinishEnvelope(fbb, request_id, wire::Message_SubmitRollouts, m.Union());
   return std::string(BufferView(fbb));
 }
@@ -124,6 +156,9 @@ Result<Event> Client::Receive(int timeout_ms) {
       if (c->ids()) ev.chunk.ids.assign(c->ids()->begin(), c->ids()->end());
       if (c->logprobs()) ev.chunk.logprobs.assign(c->logprobs()->begin(), c->logprobs()->end());
       ev.chunk.weight_version = c->weight_version();
+      if (c->injected_ids()) {
+        ev.chunk.injected_ids.assign(c->injected_ids()->begin(), c->injected_ids()->end());
+      }
       break;
     }
     case wire::Message_GroupDone: {

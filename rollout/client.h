@@ -28,6 +28,20 @@ struct ClientOptions {
   DecodeLimits decode;  // applied to replies
 };
 
+// A tool the model may call (docs/protocol.md "Tools"; wire::ToolSpec).
+struct ToolSpecInput {
+  std::string name;
+  wire::ToolTier tier = wire::ToolTier_Function;
+  std::string command_template;  // process/container/vm: argv template with "{input}"
+  std::string function;          // function tier: "echo", "calc" or "append"
+  uint32_t wall_ms = 10000;
+  uint32_t cpu_ms = 10000;
+  uint64_t memory_bytes = 256ull << 20;
+  uint64_t output_bytes = 65536;
+  uint32_t processes = 16;
+  bool network = false;
+};
+
 struct SubmitRequest {
   uint64_t group_id = 0;
   std::vector<std::vector<int32_t>> prompts;  // token ids ...
@@ -46,6 +60,25 @@ struct SubmitRequest {
   int32_t priority = 0;
   std::string client_tag;
   bool stream_tokens = false;
+  // Tool loop: tools, and the delimiters of a call (strings, or token ids; -1 = none).
+  std::vector<ToolSpecInput> tools;
+  std::string tool_open, tool_close;
+  int32_t tool_open_id = -1, tool_close_id = -1;
+  std::string tool_result_template;  // empty: "\n<result>{output}</result>\n"
+};
+
+// One tool call of a trajectory (wire::ToolCallInfo).
+struct ToolCallResult {
+  std::string name;
+  std::string input;
+  wire::ToolTier tier = wire::ToolTier_Function;
+  int32_t exit_status = -1;
+  std::string output;  // the tool's stdout
+  bool output_truncated = false;
+  Status error;  // typed error of the call (timeout, unknown tool, ...)
+  double wall_seconds = 0, cpu_seconds = 0;
+  int32_t token_index = 0;  // index in ids just past the call
+  bool replayed = false;    // the result came from the WAL
 };
 
 struct TrajectoryResult {
@@ -63,6 +96,8 @@ struct TrajectoryResult {
   std::string replica;
   std::string client_tag;
   Status error;
+  std::vector<uint8_t> mask;  // 1 sampled, 0 injected (tool results; logprob 0.0)
+  std::vector<ToolCallResult> tool_calls;
 };
 
 struct TokenChunkResult {
@@ -73,6 +108,7 @@ struct TokenChunkResult {
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
   uint64_t weight_version = 0;
+  std::vector<int32_t> injected_ids;  // tool loop: result tokens inserted at position_begin
 };
 
 struct GroupSummary {

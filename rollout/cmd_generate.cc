@@ -39,12 +39,15 @@ constexpr const char* kUsage = R"(usage: bitroll generate --model PATH [options]
   --temperature T        0 = greedy (default 1.0)
   --top-p P              nucleus sampling (default 0.9)    --top-k K   (default 0 = off)
   --min-p P              (default 0 = off)                --seed S    (default 42)
+  --device NAME          cpu|cuda (default cpu): cuda runs the forward pass on the GPU (weights
+                         and KV cache on the device; a different numerics fingerprint)
   --threads N            kernel threads (default 1); never changes a bit
   --isa NAME             auto|scalar|avx2|avx512 (default auto); never changes a bit
   --attention NAME       auto|single|split (default auto); never changes a bit
   --max-step-tokens N    token budget of one engine step (default 512)
   --kv-cache-mb N        KV cache budget (default 256)
-  --weights f32|bf16     matmul weight storage (bf16 halves memory traffic; different numerics)
+  --weights f32|bf16     CPU matmul weight storage (bf16 halves memory traffic; different
+                         numerics); --device cuda always keeps bf16 weights on the GPU
   --json                 one JSON object per trajectory on stdout
 )";
 
@@ -112,6 +115,7 @@ int CmdGenerate(int argc, char** argv) {
   const char* env_model = std::getenv("BITROLL_MODEL");
   eo.model_path = args.String("model", env_model != nullptr ? env_model : "");
   eo.tokenizer_path = args.String("tokenizer", "");
+  eo.device = args.String("device", "cpu");
   eo.threads = args.Int("threads", 1);
   eo.isa = args.String("isa", "auto");
   eo.attention = args.String("attention", "auto");
@@ -146,6 +150,14 @@ int CmdGenerate(int argc, char** argv) {
     return 2;
   }
 
+  if (Status s = engine::CheckDevice(eo.device); !s.ok()) {
+    std::fprintf(stderr, "bitroll generate: %s\n", s.ToString().c_str());
+    return s.code() == ErrorCode::kInvalidArgument ? 2 : 1;
+  }
+  if (eo.device != "cpu" && weights != "f32") {
+    std::fprintf(stderr, "bitroll generate: --weights applies to --device cpu only\n");
+    return 2;
+  }
   Result<engine::ModelWeights> w = engine::LoadModelWeights(eo.model_path);
   if (!w.ok()) {
     std::fprintf(stderr, "bitroll generate: %s\n", w.status().ToString().c_str());
@@ -163,6 +175,13 @@ int CmdGenerate(int argc, char** argv) {
   parts.options = eo;
   parts.weight_storage = weights == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
   const auto t_load = std::chrono::steady_clock::now();
+  Result<std::unique_ptr<engine::ForwardBackend>> backend =
+      engine::MakeDeviceBackend(eo, parts.weights);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "bitroll generate: %s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  parts.backend = std::move(backend).value();
   Result<std::unique_ptr<engine::CpuEngine>> made = engine::CpuEngine::Create(std::move(parts));
   if (!made.ok()) {
     std::fprintf(stderr, "bitroll generate: %s\n", made.status().ToString().c_str());
@@ -276,9 +295,10 @@ int CmdGenerate(int argc, char** argv) {
   std::fprintf(stderr,
                "bitroll generate: %zu trajectories, %" PRId64
                " tokens in %.3f s: %.1f tok/s "
-               "(threads %d, isa %s, weights %s); engine setup %.3f s; peak RSS %.1f MiB\n",
-               done.size(), generated, secs, secs > 0 ? generated / secs : 0.0, eo.threads,
-               eo.isa.c_str(), weights.c_str(), load_s, PeakRssKb() / 1024.0);
+               "(device %s, threads %d, isa %s, weights %s); engine setup %.3f s; peak RSS "
+               "%.1f MiB\n",
+               done.size(), generated, secs, secs > 0 ? generated / secs : 0.0, eo.device.c_str(),
+               eo.threads, eo.isa.c_str(), weights.c_str(), load_s, PeakRssKb() / 1024.0);
   return 0;
 }
 

@@ -64,7 +64,7 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   BR_RETURN_IF_ERROR(
       CheckKeys(j,
                 {"bind", "replica_bind", "replicas", "engine", "model", "tokenizer", "threads",
-                 "kv_cache_bytes", "max_queued", "replica_timeout_ms", "replica_capacity",
+                 "device", "kv_cache_bytes", "max_queued", "replica_timeout_ms", "replica_capacity",
                  "max_message_bytes", "limits", "price", "null_engine", "log_level"},
                 "the top level"));
   auto& co = c->coordinator;
@@ -75,6 +75,7 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   BR_RETURN_IF_ERROR(Get(j, "model", &c->engine_options.model_path));
   BR_RETURN_IF_ERROR(Get(j, "tokenizer", &c->engine_options.tokenizer_path));
   BR_RETURN_IF_ERROR(Get(j, "threads", &c->engine_options.threads));
+  BR_RETURN_IF_ERROR(Get(j, "device", &c->engine_options.device));
   BR_RETURN_IF_ERROR(Get(j, "kv_cache_bytes", &c->engine_options.kv_cache_bytes));
   BR_RETURN_IF_ERROR(Get(j, "max_queued", &co.max_queued));
   BR_RETURN_IF_ERROR(Get(j, "replica_timeout_ms", &co.replica_timeout_ms));
@@ -149,6 +150,8 @@ Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
       c->name = v;
     } else if (flag == "--threads") {
       BR_RETURN_IF_ERROR(ParseNumber("--threads", v, &c->engine_options.threads));
+    } else if (flag == "--device") {
+      c->engine_options.device = v;  // cpu | cuda; OpenEngine says why another cannot run
     } else if (flag == "--max-queued") {
       BR_RETURN_IF_ERROR(ParseNumber("--max-queued", v, &co.max_queued));
     } else if (flag == "--replica-timeout-ms") {
@@ -176,6 +179,20 @@ Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
       BR_RETURN_IF_ERROR(ParseNumber("--wal-commit-ms", v, &co.wal.commit_interval_ms));
     } else if (flag == "--wal-sync-window-ms") {
       BR_RETURN_IF_ERROR(ParseNumber("--wal-sync-window-ms", v, &co.wal.sync_window_ms));
+    } else if (flag == "--tool-workers") {
+      BR_RETURN_IF_ERROR(ParseNumber("--tool-workers", v, &co.tools.workers));
+    } else if (flag == "--tool-append-file") {
+      co.tools.functions.append_file = v;
+    } else if (flag == "--tool-append-delay-ms") {
+      BR_RETURN_IF_ERROR(
+          ParseNumber("--tool-append-delay-ms", v, &co.tools.functions.append_delay_ms));
+    } else if (flag == "--tool-uid-base") {
+      BR_RETURN_IF_ERROR(ParseNumber("--tool-uid-base", v, &co.tools.sandbox.uid_base));
+    } else if (flag == "--tool-max-concurrent") {
+      BR_RETURN_IF_ERROR(ParseNumber("--tool-max-concurrent", v, &co.tools.sandbox.max_concurrent));
+    } else if (flag == "--price-sandbox-cpu-hour") {
+      BR_RETURN_IF_ERROR(
+          ParseNumber("--price-sandbox-cpu-hour", v, &co.price.sandbox_cpu_hour_usd));
     } else if (flag == "--log-level") {
       c->log_level = v;
     } else {
@@ -189,6 +206,12 @@ Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
     return Status::InvalidArgument("--engine must be auto or null");
   }
   if (c->null_engine.vocab_size < 4) return Status::InvalidArgument("null vocab must be >= 4");
+  if (co.tools.workers < 1 || co.tools.workers > 4096) {
+    return Status::InvalidArgument("--tool-workers must be in [1, 4096]");
+  }
+  if (co.tools.functions.append_delay_ms < 0) {
+    return Status::InvalidArgument("--tool-append-delay-ms must be >= 0");
+  }
   return Status::Ok();
 }
 

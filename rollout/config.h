@@ -36,7 +36,9 @@ Status LoadConfigFile(const std::string& path, ServeConfig* config);
 // --bind EP, --replica-bind EP, --connect EP, --engine auto|null, --threads N, --name S,
 // --max-queued N, --replica-timeout-ms N, --price-replica-hour X, --null-delay-us N,
 // --null-vocab N, --log-level L, --data-dir DIR (the WAL; resume after a crash),
-// --durability sync|window|none, --wal-commit-ms N, --wal-sync-window-ms N. Errors:
+// --durability sync|window|none, --wal-commit-ms N, --wal-sync-window-ms N, and the tool loop's
+// --tool-workers N (8), --tool-append-file PATH, --tool-append-delay-ms N, --tool-uid-base UID
+// (62000), --tool-max-concurrent N (16), --price-sandbox-cpu-hour X. Errors:
 // kInvalidArgument (unknown flag, missing or bad value).
 Status ApplyFlags(int argc, char** argv, int first, ServeConfig* config);
 

@@ -99,17 +99,6 @@ void Coordinator::State::OnSubmit(const std::string& client, const wire::Envelop
   const uint64_t gid = m->group_id();
   Status s = ValidateSubmit(*m, options.submit);
   if (!s.ok()) return SendError(client, e->request_id(), s, gid);
-  // Valid requests this build cannot honour yet get a typed error rather than a silent ignore.
-  if (m->max_turns() > 1) {
-    return SendError(client, e->request_id(),
-                     Status::Unsupported("max_turns > 1: the multi-turn tool loop is not in "
-                                         "this build yet"),
-                     gid);
-  }
-  if (m->stop_strings() != nullptr && m->stop_strings()->size() > 0) {
-    return SendError(client, e->request_id(),
-                     Status::Unsupported("stop_strings are not supported yet; use stop_ids"), gid);
-  }
   std::string key = GroupKey(client, gid);
   if (auto it = groups.find(key); it != groups.end()) {
     if (wal && it->second->client != client) return Reattach(it->second.get(), client);
@@ -182,14 +171,38 @@ void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::Tr
   w.affinity = p->ids() ? HashBytes(p->ids()->data(), p->ids()->size() * 4)
                         : HashBytes(p->text()->data(), p->text()->size(), 7);
   w.enqueued = Clock::now();
+  bool rerun = false;  // a logged call without a logged result: run it again
   if (log != nullptr) {
     w.header_logged = true;
     w.tokens = log->token_ids;
     w.logprobs = log->logprobs;
+    const LoggedTurns lt = RebuildTurns(*log);
+    w.ctx_ids = lt.ids;
+    w.ctx_lps = lt.lps;
+    w.ctx_mask = lt.mask;
+    w.ctx_versions = lt.versions;
+    w.sampled_base = lt.sampled_base;
+    w.turn = lt.turns;
+    w.boundaries = static_cast<uint32_t>(log->turns.size());
+    w.calls = lt.calls;
+    w.cost.sandbox_seconds = lt.sandbox_seconds;
+    w.cost.sandbox_cpu_seconds = lt.sandbox_cpu_seconds;
+    if (lt.pending_call && !w.calls.back().replayed) {
+      rerun = true;
+    } else if (lt.pending_call) {
+      w.inject = FormatResult(*g->submit, w.calls.back());  // replayed, never re-run
+    }
   }
   g->live.insert(w.id);
-  queue[g->submit->priority()].push_back(w.id);
-  works.emplace(w.id, std::move(w));
+  const uint64_t id = w.id;
+  auto [it, inserted] = works.emplace(id, std::move(w));
+  if (rerun) {
+    spdlog::info("coordinator: trajectory {} call {} has no logged result; running it again", id,
+                 it->second.calls.size() - 1);
+    StartCall(&it->second, static_cast<uint32_t>(it->second.calls.size() - 1));
+    return;
+  }
+  queue[g->submit->priority()].push_back(id);
   ++queued;
 }
 
@@ -217,8 +230,10 @@ void Coordinator::State::AbortGroup(Group* g) {
     if (it->second.replica >= 0) {
       per_replica[it->second.replica].push_back(id);
       replicas[it->second.replica].inflight.erase(id);
-    } else {
+    } else if (!it->second.tool_running) {
       --queued;  // its queue entry is skipped lazily
+    } else {
+      // A running tool call finishes on its own; OnToolsDone drops its result.
     }
     works.erase(it);
     ++g->aborted;
@@ -374,9 +389,14 @@ void Coordinator::State::Dispatch() {
       if (wal) LogDispatch(&w);
       auto& batch = batches[r];
       if (!batch.first) batch.first = std::make_unique<flatbuffers::FlatBufferBuilder>(4096);
+      std::span<const int32_t> forced(w.tokens);
+      forced = forced.subspan(std::min<size_t>(forced.size(), w.sampled_base));
+      TurnInput turn{w.ctx_ids, w.inject,
+                     w.group->submit->max_tokens() - static_cast<int32_t>(w.sampled_base)};
+      const bool later = !w.ctx_ids.empty() || !w.inject.empty();
       batch.second.push_back(BuildWorkItem(*batch.first, *w.group->submit, w.id,
                                            {w.group->group_id, w.prompt_index, w.sample_index},
-                                           w.tokens, wal != nullptr));
+                                           forced, wal != nullptr, later ? &turn : nullptr));
     }
     if (full) break;
     if (dq.empty()) {
@@ -413,15 +433,18 @@ void Coordinator::State::CheckTimeouts() {
 }
 
 void Coordinator::State::Run() {
-  zmq::pollitem_t items[2] = {{front.handle(), 0, ZMQ_POLLIN, 0},
-                              {back.handle(), 0, ZMQ_POLLIN, 0}};
+  zmq::pollitem_t items[3] = {{front.handle(), 0, ZMQ_POLLIN, 0},
+                              {back.handle(), 0, ZMQ_POLLIN, 0},
+                              {nullptr, tools ? tools->wake_fd() : -1, ZMQ_POLLIN, 0}};
+  const int n_items = tools ? 3 : 2;
   auto last_check = Clock::now();
   zmq::message_t id, body;
   while (!stop->load(std::memory_order_relaxed)) {
     try {
       int wait_ms = outbox.empty() ? 20 : 1;
       if (wal && !held.empty()) wait_ms = std::min(wait_ms, std::max(1, wal->MsUntilCommit()));
-      zmq::poll(items, 2, std::chrono::milliseconds(wait_ms));
+      zmq::poll(items, n_items, std::chrono::milliseconds(wait_ms));
+      if (n_items == 3 && (items[2].revents & ZMQ_POLLIN)) OnToolsDone();
       // Replica results first: they free capacity and finish groups.
       for (int k = 0; k < 4096 && back.recv(id, zmq::recv_flags::dontwait); ++k) {
         if (!id.more() || !back.recv(body, zmq::recv_flags::none)) continue;
@@ -497,6 +520,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(
   }
   spdlog::info("coordinator: clients at {} replicas at {} {}", c->endpoint_, c->inproc_endpoint_,
                c->replica_endpoint_);
+  BR_ASSIGN_OR_RETURN(s.tools, ToolRunner::Start(options.tools));
   if (!options.wal.dir.empty()) {
     BR_ASSIGN_OR_RETURN(s.wal, WalLog::Open(options.wal));
     if (!engines.empty()) s.eos_id = engines[0]->info().eos_id;

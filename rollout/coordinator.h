@@ -18,6 +18,13 @@
 // re-attaches by re-submitting the same group id, and failover resumes from the logged tokens.
 // docs/protocol.md "Recovery".
 //
+// Tools (docs/protocol.md "Tools"): a request with tools runs each sample as a loop of model
+// turns. A replica ends a turn on a complete tool call (rollout/tool_detect.h, finish ToolCall);
+// the coordinator runs the call on its tool workers (rollout/tool_runner.h; it never blocks on
+// one), then queues the next turn with the earlier turns as context and the formatted result to
+// inject (coordinator_tools.cc). Calls and results are WAL records: a logged result is replayed
+// on resume, never re-run.
+//
 // Ownership: the Coordinator owns its in-process engines, threads and sockets.
 // Thread-safety: Start/Stop/endpoint accessors may be called from any one thread; everything else
 // happens on the coordinator's own threads.
@@ -35,6 +42,7 @@
 #include "engine/engine.h"
 #include "rollout/protocol.h"
 #include "rollout/replica.h"
+#include "rollout/tool_runner.h"
 #include "rollout/wal_log.h"
 #include "schema/status.h"
 
@@ -63,6 +71,13 @@ struct CoordinatorOptions {
   ReplicaOptions local_replica;  // options for in-process replicas (name gets "-<i>")
   // The token-level WAL (rollout/wal_log.h). wal.dir empty (default): no WAL, no resume.
   WalServiceOptions wal;
+  // The tool loop's workers and sandbox (rollout/tool_runner.h). The service's sandbox uses
+  // uids [62000, 62000 + max_concurrent) by default, apart from sandbox tests' 61000.
+  ToolRunnerOptions tools = [] {
+    ToolRunnerOptions t;
+    t.sandbox.uid_base = 62000;
+    return t;
+  }();
 };
 
 class Coordinator {

@@ -187,12 +187,19 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     for (const wire::TokenChunk* c : *chunks) {
       auto it = works.find(c->work_id());
       if (it == works.end() || it->second.replica != r) continue;
-      Group* g = it->second.group;
-      if (wal) LogChunk(&it->second, *c);
+      Work& w = it->second;
+      Group* g = w.group;
+      // Positions for the client count every token after the prompt (earlier turns included).
+      auto offset = static_cast<int32_t>(w.ctx_ids.size());
+      if (c->injected_ids()) {
+        OnInjected(&w, *c->injected_ids());
+      } else if (wal) {
+        LogChunk(&w, *c);
+      }
       if (g->client.empty() || !g->submit->stream_tokens()) continue;
+      if (!c->injected_ids()) offset = static_cast<int32_t>(w.ctx_ids.size());
       flatbuffers::FlatBufferBuilder fbb(256);
-      BuildClientTokenChunk(fbb, *c,
-                            {g->group_id, it->second.prompt_index, it->second.sample_index});
+      BuildClientTokenChunk(fbb, *c, {g->group_id, w.prompt_index, w.sample_index}, offset);
       SendClient(g->client, BufferView(fbb));
     }
   }
@@ -201,12 +208,18 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
   for (const wire::Trajectory* t : *trajs) {
     auto it = works.find(t->work_id());
     if (it == works.end() || it->second.replica != r) continue;  // aborted or re-dispatched
+    replicas[r].inflight.erase(it->second.id);
+    it->second.replica = -1;
+    // Not streamed (a replica that sends no chunks): the injected ids ride on the trajectory.
+    if (t->injected_ids()) OnInjected(&it->second, *t->injected_ids());
+    if (ContinueToolLoop(&it->second, *t)) continue;  // a tool call runs; the next turn follows
     Work w = std::move(it->second);
     works.erase(it);
-    replicas[r].inflight.erase(w.id);
     Group* g = w.group;
     g->live.erase(w.id);
-    CostInfo cost = CostFromWire(t->cost());
+    const CostInfo turn_cost = CostFromWire(t->cost());
+    CostInfo cost = w.cost;
+    cost.Add(turn_cost);
     cost.queue_seconds = w.queue_seconds;
     cost.price_usd = cost.engine_seconds * options.price.replica_hour_usd / 3600.0 +
                      cost.sandbox_cpu_seconds * options.price.sandbox_cpu_hour_usd / 3600.0;
@@ -217,22 +230,21 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     }
     g->cost.Add(cost);
     ++trajectories_done;
-    total_cached += cost.prefill_cached;
-    total_computed += cost.prefill_computed;
-    rate.Add(cost.decode_tokens, now);
-    replicas[r].rate.Add(cost.decode_tokens, now);
+    total_cached += turn_cost.prefill_cached;
+    total_computed += turn_cost.prefill_computed;
+    rate.Add(turn_cost.decode_tokens, now);
+    replicas[r].rate.Add(turn_cost.decode_tokens, now);
+    const size_t bytes = 256 + ((t->ids() ? t->ids()->size() : 0) + w.ctx_ids.size()) * 9;
     if (wal) {
       // Delivered by DeliverDurable() once the finish record is durable.
-      flatbuffers::FlatBufferBuilder fbb(256 + (t->ids() ? t->ids()->size() * 8 : 0));
-      BuildClientTrajectory(fbb, *t, {g->group_id, w.prompt_index, w.sample_index}, cost,
-                            replicas[r].name, g->submit->client_tag());
+      flatbuffers::FlatBufferBuilder fbb(bytes);
+      BuildFinal(fbb, w, *t, cost, replicas[r].name);
       LogFinish(w, *t, std::string(BufferView(fbb)));
       continue;
     }
     if (!g->client.empty()) {
-      flatbuffers::FlatBufferBuilder fbb(256 + (t->ids() ? t->ids()->size() * 8 : 0));
-      BuildClientTrajectory(fbb, *t, {g->group_id, w.prompt_index, w.sample_index}, cost,
-                            replicas[r].name, g->submit->client_tag());
+      flatbuffers::FlatBufferBuilder fbb(bytes);
+      BuildFinal(fbb, w, *t, cost, replicas[r].name);
       SendClient(g->client, BufferView(fbb));
     }
     FinishGroupIfDone(g);

@@ -1,8 +1,9 @@
 // rollout/coordinator_state.h: the coordinator's internal state (one object, owned by the
 // coordinator thread). Internal to rollout/coordinator*.cc; the public face is coordinator.h.
-// Its methods live in three files by concern: coordinator.cc (clients, groups, dispatch, the
-// loop), coordinator_replicas.cc (replica messages, weight updates, drain) and
-// coordinator_wal.cc (logging, durable delivery, re-attach, recovery).
+// Its methods live in four files by concern: coordinator.cc (clients, groups, dispatch, the
+// loop), coordinator_replicas.cc (replica messages, weight updates, drain),
+// coordinator_wal.cc (logging, durable delivery, re-attach, recovery) and coordinator_tools.cc
+// (the multi-turn tool loop).
 #pragma once
 
 #include "rollout/coordinator.h"
@@ -22,6 +23,8 @@
 #include <spdlog/spdlog.h>
 
 #include "rollout/messages.h"
+#include "rollout/tool_call.h"
+#include "rollout/tool_runner.h"
 #include "rollout/wal_log.h"
 
 namespace bitroll::rollout {
@@ -102,6 +105,19 @@ struct Coordinator::State {
     std::vector<int32_t> tokens;
     std::vector<float> logprobs;
     uint32_t forced = 0;  // forced tokens of the current dispatch
+    // Tool loop (coordinator_tools.cc). ctx_*: every token of the finished turns, sampled and
+    // injected (the injected result of the current turn once the replica reported its ids).
+    std::vector<int32_t> ctx_ids;
+    std::vector<float> ctx_lps;
+    std::vector<uint8_t> ctx_mask;
+    std::vector<wire::VersionSpan> ctx_versions;  // begin indexes into ctx_ids
+    uint32_t sampled_base = 0;  // sampled tokens before the current turn (WAL token index)
+    int32_t turn = 1;           // the current model turn, 1-based
+    uint32_t boundaries = 0;    // turn boundaries logged (injections applied)
+    std::string inject;         // the current turn's result text until the replica's ids arrive
+    std::vector<ToolOutcome> calls;
+    bool tool_running = false;  // in the tool runner: neither queued nor dispatched
+    CostInfo cost;              // engine cost of the finished turns + sandbox cost
   };
   struct HeldDelivery {  // finished, waiting for its finish record to be durable
     uint64_t traj = 0;
@@ -162,6 +178,8 @@ struct Coordinator::State {
   uint64_t trajectories_done = 0;
   int64_t total_cached = 0, total_computed = 0;
   RateMeter rate;
+  // Tool workers (rollout/tool_runner.h); created at Start.
+  std::unique_ptr<ToolRunner> tools;
   // WAL (null without a data dir). See rollout/wal_log.h.
   std::unique_ptr<WalLog> wal;
   std::deque<HeldDelivery> held;  // in finish-append (LSN) order
@@ -270,6 +288,27 @@ struct Coordinator::State {
 
   // Rebuilds groups and work from the WAL (Coordinator::Start, before any thread runs).
   Status RecoverFromWal();
+
+  // ---- tool loop (coordinator_tools.cc) ----
+
+  // A replica ended a turn of `w` (dispatched to r). Returns true when the trajectory goes on:
+  // the turn ended on a tool call that is now running; false when `t` is the last turn.
+  bool ContinueToolLoop(Work* w, const wire::Trajectory& t);
+
+  // The replica reported the ids it injected for w's pending result (the turn boundary).
+  void OnInjected(Work* w, const flatbuffers::Vector<int32_t>& ids);
+
+  // Runs (or, for an unknown tool, answers at once) call `call_index` of w.
+  void StartCall(Work* w, uint32_t call_index);
+
+  // A call's result is known (run, replayed or refused): log it, queue the next turn.
+  void FinishCall(Work* w, uint32_t call_index, const sandbox::RunResult* run);
+
+  void OnToolsDone();
+
+  // The client Trajectory of a finished work item: its earlier turns, then t's tokens.
+  void BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w, const wire::Trajectory& t,
+                  const CostInfo& cost, std::string_view replica);
 
   // ---- dispatch ----
 

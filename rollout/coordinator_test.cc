@@ -247,14 +247,31 @@ TEST(CoordinatorTest, BadInputGetsTypedErrorsAndServiceContinues) {
   q.prompts[0][0] = 100000;
   ASSERT_TRUE(client->Submit(q).ok());
   expect_error(ErrorCode::kOutOfRange, "out of vocabulary");
-  q = TestGroup(10);
-  q.max_turns = 3;
+  q = TestGroup(12);
+  q.tool_open = "<tool>";
+  q.tool_close = "</tool>";
   ASSERT_TRUE(client->Submit(q).ok());
-  expect_error(ErrorCode::kUnsupported, "multi-turn");
-  q = TestGroup(11);
-  q.stop_strings = {"\n\n"};
-  ASSERT_TRUE(client->Submit(q).ok());
-  expect_error(ErrorCode::kUnsupported, "stop strings");
+  expect_error(ErrorCode::kInvalidArgument, "tool delimiters without tools");
+  {
+    // max_turns > 1 without tools is plain generation (the tool loop has nothing to call).
+    q = TestGroup(10);
+    q.max_turns = 3;
+    auto mt = client->Run(q, kTimeoutMs);
+    ASSERT_TRUE(mt.ok()) << mt.status().ToString();
+    for (const auto& t : *mt) {
+      EXPECT_TRUE(t.error.ok());
+      EXPECT_EQ(t.turns, 1);
+    }
+    // Stop strings need a tokenizer: the NullEngine answers each sample with a typed error.
+    q = TestGroup(11);
+    q.stop_strings = {"\n\n"};
+    auto ss = client->Run(q, kTimeoutMs);
+    ASSERT_TRUE(ss.ok()) << ss.status().ToString();
+    for (const auto& t : *ss) {
+      EXPECT_EQ(t.finish, wire::FinishReason_Error);
+      EXPECT_EQ(t.error.code(), ErrorCode::kUnsupported) << t.error.ToString();
+    }
+  }
   q = TestGroup(8);
   q.prompts.clear();
   q.text_prompts = {"text needs a tokenizer"};

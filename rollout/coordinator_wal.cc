@@ -31,7 +31,9 @@ void Coordinator::State::LogDispatch(Work* w) {
       g->group_pending = false;
     }
   }
-  w->forced = static_cast<uint32_t>(w->tokens.size());
+  // Forced: the current turn's logged tokens (earlier turns travel as context_ids).
+  w->forced =
+      static_cast<uint32_t>(w->tokens.size() - std::min<size_t>(w->tokens.size(), w->sampled_base));
   if (w->forced > 0) {
     wal->counters.forced_tokens += w->forced;
     ++wal->counters.resumed;
@@ -43,7 +45,8 @@ void Coordinator::State::LogChunk(Work* w, const wire::TokenChunk& c) {
     return;
   }
   const auto n = static_cast<int64_t>(c.ids()->size());
-  const int64_t begin = c.position_begin();
+  // Replicas count positions from the start of the turn; the WAL counts sampled tokens.
+  const int64_t begin = c.position_begin() + static_cast<int64_t>(w->sampled_base);
   const auto have = static_cast<int64_t>(w->tokens.size());
   for (int64_t i = 0; i < n && begin + i < have; ++i) {
     const int32_t id = c.ids()->Get(static_cast<uint32_t>(i));
@@ -73,8 +76,8 @@ void Coordinator::State::LogChunk(Work* w, const wire::TokenChunk& c) {
 void Coordinator::State::LogFinish(const Work& w, const wire::Trajectory& t, std::string envelope) {
   // Tokens the replica did not stream (none when it streams every one) are logged first.
   if (t.ids() && t.logprobs() && t.ids()->size() == t.logprobs()->size() &&
-      t.ids()->size() > w.tokens.size()) {
-    const size_t k = w.tokens.size(), m = t.ids()->size() - k;
+      w.sampled_base + t.ids()->size() > w.tokens.size()) {
+    const size_t k = w.tokens.size() - w.sampled_base, m = t.ids()->size() - k;
     CheckWal(wal->LogTokens(w.id, {t.ids()->data() + k, m}, {t.logprobs()->data() + k, m},
                             weight_version));
   }

@@ -14,14 +14,70 @@ flatbuffers::Offset<flatbuffers::Vector<T>> CopyVector(flatbuffers::FlatBufferBu
 
 }  // namespace
 
+flatbuffers::Offset<wire::ToolCallInfo> CopyToolCallInfo(flatbuffers::FlatBufferBuilder& fbb,
+                                                         const wire::ToolCallInfo& c) {
+  auto name = fbb.CreateString(c.name() ? c.name()->str() : "");
+  auto input = fbb.CreateString(c.input() ? c.input()->str() : "");
+  auto out = fbb.CreateString(c.output() ? c.output()->str() : "");
+  flatbuffers::Offset<wire::Error> err;
+  if (const auto* e = c.error()) {
+    err = wire::CreateError(
+        fbb, e->code(), fbb.CreateString(e->message() ? e->message()->str() : ""), e->group_id());
+  }
+  return wire::CreateToolCallInfo(fbb, name, input, c.tier(), c.exit_status(), out,
+                                  c.output_truncated(), err, c.wall_seconds(), c.cpu_seconds(),
+                                  c.token_index(), c.replayed());
+}
+
 void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Trajectory& t,
                            const SampleAddress& at, const CostInfo& cost, std::string_view replica,
-                           const flatbuffers::String* client_tag) {
-  auto ids = CopyVector(fbb, t.ids());
-  auto lps = CopyVector(fbb, t.logprobs());
+                           const flatbuffers::String* client_tag, const TurnPrefix* prefix) {
+  flatbuffers::Offset<flatbuffers::Vector<int32_t>> ids;
+  flatbuffers::Offset<flatbuffers::Vector<float>> lps;
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> mask;
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::ToolCallInfo>>> calls;
   std::vector<wire::VersionSpan> spans;
-  if (t.versions()) {
-    for (const wire::VersionSpan* v : *t.versions()) spans.push_back(*v);
+  const size_t n = t.ids() ? t.ids()->size() : 0;
+  int32_t turns = t.turns();
+  if (prefix != nullptr) {
+    std::vector<int32_t> all(prefix->ids.begin(), prefix->ids.end());
+    std::vector<float> all_lps(prefix->lps.begin(), prefix->lps.end());
+    std::vector<uint8_t> all_mask(prefix->mask.begin(), prefix->mask.end());
+    if (t.ids()) all.insert(all.end(), t.ids()->begin(), t.ids()->end());
+    if (t.logprobs()) all_lps.insert(all_lps.end(), t.logprobs()->begin(), t.logprobs()->end());
+    all_mask.resize(all_mask.size() + n, 1);
+    ids = fbb.CreateVector(all);
+    lps = fbb.CreateVector(all_lps);
+    mask = fbb.CreateVector(all_mask);
+    spans.assign(prefix->versions.begin(), prefix->versions.end());
+    if (t.versions()) {
+      const auto off = static_cast<int32_t>(prefix->ids.size());
+      for (const wire::VersionSpan* v : *t.versions()) {
+        if (!spans.empty() && spans.back().version() == v->version()) continue;
+        spans.emplace_back(v->begin() + off, v->version());
+      }
+    }
+    std::vector<flatbuffers::Offset<wire::ToolCallInfo>> cv;
+    for (const ToolOutcome& o : prefix->calls) cv.push_back(BuildToolCallInfo(fbb, o, at.group_id));
+    calls = fbb.CreateVector(cv);
+    turns = prefix->turns;
+  } else {
+    ids = CopyVector(fbb, t.ids());
+    lps = CopyVector(fbb, t.logprobs());
+    if (t.mask()) {
+      mask = CopyVector(fbb, t.mask());
+    } else {
+      std::vector<uint8_t> ones(n, 1);
+      mask = fbb.CreateVector(ones);
+    }
+    if (t.versions()) {
+      for (const wire::VersionSpan* v : *t.versions()) spans.push_back(*v);
+    }
+    if (t.tool_calls() && t.tool_calls()->size() > 0) {
+      std::vector<flatbuffers::Offset<wire::ToolCallInfo>> cv;
+      for (const wire::ToolCallInfo* c : *t.tool_calls()) cv.push_back(CopyToolCallInfo(fbb, *c));
+      calls = fbb.CreateVector(cv);
+    }
   }
   auto vs = fbb.CreateVectorOfStructs(spans);
   flatbuffers::Offset<wire::Fingerprint> fp;
@@ -45,30 +101,36 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
   b.add_ids(ids);
   b.add_logprobs(lps);
   b.add_finish(t.finish());
-  b.add_turns(t.turns());
+  b.add_turns(turns);
   b.add_versions(vs);
   if (!fp.IsNull()) b.add_fingerprint(fp);
   b.add_cost(c);
   b.add_replica(rep);
   if (!tag.IsNull()) b.add_client_tag(tag);
   if (!err.IsNull()) b.add_error(err);
+  b.add_mask(mask);
+  if (!calls.IsNull()) b.add_tool_calls(calls);
   auto off = b.Finish();
   FinishEnvelope(fbb, 0, wire::Message_Trajectory, off.Union());
 }
 
 void BuildClientTokenChunk(flatbuffers::FlatBufferBuilder& fbb, const wire::TokenChunk& c,
-                           const SampleAddress& at) {
+                           const SampleAddress& at, int32_t offset) {
   auto ids = CopyVector(fbb, c.ids());
   auto lps = CopyVector(fbb, c.logprobs());
-  auto tc = wire::CreateTokenChunk(fbb, at.group_id, at.prompt_index, at.sample_index,
-                                   c.position_begin(), ids, lps, c.weight_version(), 0);
+  flatbuffers::Offset<flatbuffers::Vector<int32_t>> inj;
+  if (c.injected_ids()) inj = CopyVector(fbb, c.injected_ids());
+  auto tc =
+      wire::CreateTokenChunk(fbb, at.group_id, at.prompt_index, at.sample_index,
+                             c.position_begin() + offset, ids, lps, c.weight_version(), 0, inj);
   FinishEnvelope(fbb, 0, wire::Message_TokenChunk, tc.Union());
 }
 
 flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder& fbb,
                                                   const wire::SubmitRollouts& m, uint64_t work_id,
                                                   const SampleAddress& at,
-                                                  std::span<const int32_t> forced, bool stream) {
+                                                  std::span<const int32_t> forced, bool stream,
+                                                  const TurnInput* turn) {
   const wire::Prompt* p = m.prompts()->Get(at.prompt_index);
   flatbuffers::Offset<wire::Prompt> prompt;
   if (p->ids()) {
@@ -84,9 +146,28 @@ flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder
   if (m.stop_ids()) stop = CopyVector(fbb, m.stop_ids());
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> forced_ids;
   if (!forced.empty()) forced_ids = fbb.CreateVector(forced.data(), forced.size());
+  flatbuffers::Offset<flatbuffers::Vector<int32_t>> context;
+  flatbuffers::Offset<flatbuffers::String> inject;
+  if (turn != nullptr && !turn->context.empty()) {
+    context = fbb.CreateVector(turn->context.data(), turn->context.size());
+  }
+  if (turn != nullptr && !turn->inject.empty()) {
+    inject = fbb.CreateString(turn->inject.data(), turn->inject.size());
+  }
+  flatbuffers::Offset<flatbuffers::String> open, close;
+  if (m.tool_open()) open = fbb.CreateString(m.tool_open());
+  if (m.tool_close()) close = fbb.CreateString(m.tool_close());
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> stops;
+  if (m.stop_strings() && m.stop_strings()->size() > 0) {
+    std::vector<flatbuffers::Offset<flatbuffers::String>> v;
+    for (const auto* s : *m.stop_strings()) v.push_back(fbb.CreateString(s));
+    stops = fbb.CreateVector(v);
+  }
   return wire::CreateWorkItem(fbb, work_id, at.group_id, at.prompt_index, at.sample_index, prompt,
-                              sp, m.seed(), m.max_tokens(), stop, m.stop_at_eos(), m.priority(),
-                              m.stream_tokens() || stream, forced_ids);
+                              sp, m.seed(), turn ? turn->max_tokens : m.max_tokens(), stop,
+                              m.stop_at_eos(), m.priority(), m.stream_tokens() || stream,
+                              forced_ids, context, inject, open, close, m.tool_open_id(),
+                              m.tool_close_id(), stops);
 }
 
 }  // namespace bitroll::rollout

@@ -118,15 +118,84 @@ Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits)
     BR_RETURN_IF_ERROR(CheckIds(p->ids(), limits.vocab_size, "prompt", i));
   }
   BR_RETURN_IF_ERROR(CheckIds(m.stop_ids(), limits.vocab_size, "stop_ids", 0));
-  if (const auto* tools = m.tools()) {
-    for (uint32_t i = 0; i < tools->size(); ++i) {
-      const wire::ToolSpec* t = tools->Get(i);
-      if (t->tier() > wire::ToolTier_MAX) {
-        return Status::InvalidArgument("tool " + t->name()->str() + " has an unknown tier");
+  return ValidateTools(m);
+}
+
+Status ValidateTools(const wire::SubmitRollouts& m) {
+  if (const auto* ss = m.stop_strings()) {
+    for (const auto* s : *ss) {
+      if (s->size() == 0) return Status::InvalidArgument("stop_strings holds an empty string");
+    }
+  }
+  const bool open_s = m.tool_open() && m.tool_open()->size() > 0;
+  const bool close_s = m.tool_close() && m.tool_close()->size() > 0;
+  const bool open_i = m.tool_open_id() >= 0, close_i = m.tool_close_id() >= 0;
+  if (open_s != close_s) {
+    return Status::InvalidArgument("set both tool_open and tool_close, or neither");
+  }
+  if (open_i != close_i) {
+    return Status::InvalidArgument("set both tool_open_id and tool_close_id, or neither");
+  }
+  if (open_s && open_i) {
+    return Status::InvalidArgument("tool delimiters: strings or token ids, not both");
+  }
+  if (m.tool_open_id() < -1 || m.tool_close_id() < -1) {
+    return Status::InvalidArgument("tool_open_id / tool_close_id must be >= 0 (or -1: none)");
+  }
+  const auto* tools = m.tools();
+  const bool has_tools = tools != nullptr && tools->size() > 0;
+  if (has_tools != (open_s || open_i)) {
+    return Status::InvalidArgument(
+        has_tools ? "tools need delimiters: tool_open/tool_close or tool_open_id/tool_close_id"
+                  : "tool delimiters given without tools");
+  }
+  if (m.tool_result_template() && m.tool_result_template()->size() > 0 &&
+      m.tool_result_template()->string_view().find("{output}") == std::string_view::npos) {
+    return Status::InvalidArgument("tool_result_template lacks \"{output}\"");
+  }
+  if (!has_tools) return Status::Ok();
+  for (uint32_t i = 0; i < tools->size(); ++i) {
+    const wire::ToolSpec* t = tools->Get(i);
+    const std::string name = t->name()->str();
+    if (name.empty() || name.find_first_of(" \t\n\r") != std::string::npos) {
+      return Status::InvalidArgument("tool " + std::to_string(i) +
+                                     ": a name is one non-empty word");
+    }
+    for (uint32_t j = 0; j < i; ++j) {
+      if (tools->Get(j)->name()->string_view() == name) {
+        return Status::InvalidArgument("tool name " + name + " is given twice");
       }
-      if (t->command_template() == nullptr && t->function() == nullptr) {
-        return Status::InvalidArgument("tool " + t->name()->str() +
-                                       " has neither a command template nor a function");
+    }
+    if (t->tier() > wire::ToolTier_MAX) {
+      return Status::InvalidArgument("tool " + name + " has an unknown tier " +
+                                     std::to_string(static_cast<int>(t->tier())));
+    }
+    if (t->tier() == wire::ToolTier_Function) {
+      if (t->function() == nullptr || t->function()->size() == 0) {
+        return Status::InvalidArgument("tool " + name + " (function tier) names no function");
+      }
+      const std::string_view f = t->function()->string_view();
+      if (f != "echo" && f != "calc" && f != "append") {
+        return Status::InvalidArgument("tool " + name + ": function '" + std::string(f) +
+                                       "' is not registered (built-in: echo, calc, append)");
+      }
+    } else {
+      if (t->command_template() == nullptr ||
+          t->command_template()->string_view().find("{input}") == std::string_view::npos) {
+        return Status::InvalidArgument("tool " + name + ": the command template of a " +
+                                       wire::EnumNameToolTier(t->tier()) +
+                                       "-tier tool must contain \"{input}\"");
+      }
+    }
+    if (const wire::ToolLimits* l = t->limits()) {
+      if (l->wall_ms() == 0 || l->wall_ms() > 86400000u || l->cpu_ms() == 0 ||
+          l->cpu_ms() > 86400000u) {
+        return Status::InvalidArgument("tool " + name +
+                                       ": wall_ms and cpu_ms must be in [1, 86400000]");
+      }
+      if (l->memory_bytes() < (1u << 20) || l->processes() == 0 || l->output_bytes() == 0) {
+        return Status::InvalidArgument(
+            "tool " + name + ": memory_bytes >= 1 MiB, processes >= 1, output_bytes >= 1");
       }
     }
   }

@@ -58,6 +58,14 @@ struct SubmitLimits {
 // an empty prompt), kOutOfRange (a token id < 0 or >= vocab_size, in a prompt or in stop_ids).
 Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits);
 
+// The tool loop's part of ValidateSubmit (docs/protocol.md "Tools"). kInvalidArgument: a
+// delimiter pair half set, strings and ids both set, tools without delimiters or delimiters
+// without tools, a tool name that is not one word or is given twice, an unknown tier, a function
+// tool naming no built-in function (rollout/tool_functions.h: echo, calc, append), a command
+// tool whose template lacks "{input}", limits out of range, a result template without
+// "{output}", an empty stop string.
+Status ValidateTools(const wire::SubmitRollouts& m);
+
 // DecodeEnvelope(), then the per-type checks a receiver applies (ValidateSubmit for
 // SubmitRollouts). The one entry point of the fuzz target (rollout/fuzz_decode.cc).
 Status CheckMessage(const void* data, size_t size, const DecodeLimits& decode,

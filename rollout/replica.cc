@@ -1,11 +1,14 @@
 #include "rollout/replica.h"
 
 #include <chrono>
+#include <optional>
+#include <span>
 #include <unordered_map>
 
 #include <spdlog/spdlog.h>
 
 #include "rollout/protocol.h"
+#include "rollout/tool_detect.h"
 
 #if __has_include("engine/tokenizer.h")
 #include "engine/tokenizer.h"
@@ -24,6 +27,11 @@ struct ItemMeta {
   uint32_t sample_index = 0;
   bool stream = false;
   int32_t prompt_len = 0;
+  // Tool loop (rollout/tool_detect.h): the turn ends on a complete call or a stop string.
+  std::optional<ToolDetector> detector;
+  DetectEvent event = DetectEvent::kNone;
+  int64_t cut = 0;  // generated tokens (forced included) up to and including the event's token
+  std::vector<int32_t> injected;  // encoded WorkItem.inject_text
 };
 
 wire::FinishReason ToWireFinish(engine::FinishReason f) {
@@ -164,7 +172,11 @@ class ReplicaLoop {
     if (w.stop_ids()) req.stop.stop_ids.assign(w.stop_ids()->begin(), w.stop_ids()->end());
     // Resume (WAL): the logged tokens are re-prefilled and re-scored, then decoding continues.
     if (w.forced_ids()) req.forced.assign(w.forced_ids()->begin(), w.forced_ids()->end());
-    ItemMeta meta{w.group_id(), w.prompt_index(), w.sample_index(), w.stream_tokens()};
+    ItemMeta meta;
+    meta.group_id = w.group_id();
+    meta.prompt_index = w.prompt_index();
+    meta.sample_index = w.sample_index();
+    meta.stream = w.stream_tokens();
     Status s;
     const wire::Prompt* p = w.prompt();
     if (p == nullptr) {
@@ -179,23 +191,100 @@ class ReplicaLoop {
         s = ids.status();
       }
     }
+    // Tool loop: earlier turns, then the injected tool result, are part of the prompt.
+    if (s.ok() && w.context_ids()) {
+      req.prompt.insert(req.prompt.end(), w.context_ids()->begin(), w.context_ids()->end());
+    }
+    if (s.ok() && w.inject_text() && w.inject_text()->size() > 0) {
+      Result<std::vector<int32_t>> ids = EncodeInjected(w.inject_text()->string_view());
+      if (ids.ok()) {
+        meta.injected = std::move(ids).value();
+        req.prompt.insert(req.prompt.end(), meta.injected.begin(), meta.injected.end());
+      } else {
+        s = ids.status();
+      }
+    }
+    if (s.ok()) s = MakeDetector(w, req.prompt.empty() ? -1 : req.prompt.back(), &meta);
     const auto prompt_len = static_cast<int32_t>(req.prompt.size());
+    const bool later_turn =
+        !meta.injected.empty() || (w.context_ids() && w.context_ids()->size() > 0);
+    if (s.ok() && later_turn && prompt_len >= engine_.info().max_seq_len) {
+      // The context is full before this turn starts: the trajectory ends (finish Length)
+      // without the result, which did not fit.
+      engine::SequenceOutput out;
+      out.id = w.work_id();
+      out.finish = engine::FinishReason::kLength;
+      meta.injected.clear();
+      SendAlone(out, meta);
+      return;
+    }
     if (s.ok()) s = engine_.Add(std::move(req));
     if (!s.ok()) {
       engine::SequenceOutput out;
       out.id = w.work_id();
       out.finish = engine::FinishReason::kError;
       out.error = s;
+      SendAlone(out, meta);
+      return;
+    }
+    meta.prompt_len = prompt_len;
+    if (!meta.injected.empty()) SendInjected(w.work_id(), meta);
+    if (meta.stream) ++streaming_;
+    if (meta.detector) ++detecting_;
+    meta_[w.work_id()] = std::move(meta);
+  }
+
+  // A trajectory that never reached the engine.
+  void SendAlone(const engine::SequenceOutput& out, const ItemMeta& meta) {
+    {
       flatbuffers::FlatBufferBuilder fbb(256);
       std::vector<flatbuffers::Offset<wire::Trajectory>> t{BuildTrajectory(fbb, out, meta)};
       auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(t), 0, 0);
       FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
       Send(fbb);
-      return;
     }
-    meta.prompt_len = prompt_len;
-    if (meta.stream) ++streaming_;
-    meta_[w.work_id()] = meta;
+  }
+
+  // The injected ids go out before any token of the turn, so that the coordinator can log the
+  // turn boundary ahead of the turn's tokens.
+  void SendInjected(uint64_t work_id, const ItemMeta& m) {
+    flatbuffers::FlatBufferBuilder fbb(256 + m.injected.size() * 4);
+    auto inj = fbb.CreateVector(m.injected);
+    std::vector<flatbuffers::Offset<wire::TokenChunk>> chunks{wire::CreateTokenChunk(
+        fbb, m.group_id, m.prompt_index, m.sample_index, 0, 0, 0, version_, work_id, inj)};
+    auto res = wire::CreateReplicaResults(fbb, 0, fbb.CreateVector(chunks), 0);
+    FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
+    Send(fbb);
+  }
+
+  Status MakeDetector(const wire::WorkItem& w, int32_t prev, ItemMeta* meta) {
+    DetectConfig dc;
+    if (w.tool_open()) dc.open = w.tool_open()->str();
+    if (w.tool_close()) dc.close = w.tool_close()->str();
+    dc.open_id = w.tool_open_id();
+    dc.close_id = w.tool_close_id();
+    if (w.stop_strings()) {
+      for (const auto* ss : *w.stop_strings()) dc.stop_strings.push_back(ss->str());
+    }
+    if (dc.empty()) return Status::Ok();
+    PieceDecoder dec;
+#ifdef BITROLL_HAVE_TOKENIZER_H
+    if (const engine::Tokenizer* tk = engine_.tokenizer()) {
+      dec = [tk](int32_t p, int32_t t) { return tk->DecodePiece(p, t); };
+    }
+#endif
+    BR_ASSIGN_OR_RETURN(ToolDetector d, ToolDetector::Create(dc, std::move(dec), prev));
+    meta->detector.emplace(std::move(d));
+    return Status::Ok();
+  }
+
+  // Tool results: the engine's tokenizer without BOS (they continue the sequence).
+  Result<std::vector<int32_t>> EncodeInjected(std::string_view text) {
+#ifdef BITROLL_HAVE_TOKENIZER_H
+    if (const engine::Tokenizer* tk = engine_.tokenizer()) return tk->Encode(text, false);
+#endif
+    if (options_.encode_text) return options_.encode_text(text);
+    return Status::Unsupported("this replica has no tokenizer to encode a tool result");
   }
 
   // Text prompts: the options' encoder, else the engine's tokenizer (with BOS, as
@@ -224,9 +313,27 @@ class ReplicaLoop {
       err = wire::CreateError(fbb, ToWire(out.error.code()), fbb.CreateString(out.error.message()),
                               m.group_id);
     }
-    auto ids = fbb.CreateVector(out.tokens);
-    auto lps = fbb.CreateVector(out.logprobs);
+    std::span<const int32_t> toks(out.tokens);
+    std::span<const float> lpv(out.logprobs);
+    wire::FinishReason finish = ToWireFinish(out.finish);
+    flatbuffers::Offset<flatbuffers::String> call;
+    if (m.event != DetectEvent::kNone && out.error.ok()) {
+      // The turn ends exactly on the token that completed the call / stop string.
+      const auto cut = static_cast<size_t>(m.cut);
+      toks = toks.first(std::min(toks.size(), cut));
+      lpv = lpv.first(std::min(lpv.size(), cut));
+      if (m.event == DetectEvent::kToolCall) {
+        finish = wire::FinishReason_ToolCall;
+        call = fbb.CreateString(m.detector->call_text());
+      } else {
+        finish = wire::FinishReason_Stop;
+      }
+    }
+    auto ids = fbb.CreateVector(toks.data(), toks.size());
+    auto lps = fbb.CreateVector(lpv.data(), lpv.size());
     auto vs = fbb.CreateVectorOfStructs(spans);
+    flatbuffers::Offset<flatbuffers::Vector<int32_t>> inj;
+    if (!m.injected.empty()) inj = fbb.CreateVector(m.injected);
     auto fp = BuildFingerprint(fbb, engine_.info().fingerprint);
     auto cost = BuildCost(fbb, c);
     auto name = fbb.CreateString(options_.name);
@@ -236,7 +343,7 @@ class ReplicaLoop {
     b.add_sample_index(m.sample_index);
     b.add_ids(ids);
     b.add_logprobs(lps);
-    b.add_finish(ToWireFinish(out.finish));
+    b.add_finish(finish);
     b.add_turns(1);
     b.add_versions(vs);
     b.add_fingerprint(fp);
@@ -244,7 +351,32 @@ class ReplicaLoop {
     b.add_replica(name);
     if (!out.error.ok()) b.add_error(err);
     b.add_work_id(out.id);
+    if (!call.IsNull()) b.add_tool_call(call);
+    if (!inj.IsNull()) b.add_injected_ids(inj);
     return b.Finish();
+  }
+
+  // Feeds the step's tokens to the detectors; a detected call or stop string aborts the sequence
+  // (the engine reports it on the next step, with no further token).
+  Status Detect(const engine::StepResult& r) {
+    for (const engine::TokenEvent& t : r.tokens) {
+      auto it = meta_.find(t.id);
+      if (it == meta_.end() || !it->second.detector || it->second.detector->done()) continue;
+      ItemMeta& m = it->second;
+      Result<DetectEvent> ev = m.detector->Feed(t.token);
+      if (!ev.ok()) {
+        spdlog::warn("replica={} work {}: tool detection: {}", options_.name, t.id,
+                     ev.status().ToString());
+        m.detector.reset();
+        --detecting_;
+        continue;
+      }
+      if (*ev == DetectEvent::kNone) continue;
+      m.event = *ev;
+      m.cut = m.detector->fed();
+      (void)engine_.Abort(t.id);  // NotFound when it also finished in this step: fine
+    }
+    return Status::Ok();
   }
 
   Status StepOnce() {
@@ -255,6 +387,7 @@ class ReplicaLoop {
     }
     const engine::StepResult& r = *step;
     tokens_processed_ += r.tokens_processed;
+    if (detecting_ > 0) BR_RETURN_IF_ERROR(Detect(r));
     if (r.finished.empty() && streaming_ == 0) return Status::Ok();
     flatbuffers::FlatBufferBuilder fbb(1024);
     std::vector<flatbuffers::Offset<wire::TokenChunk>> chunks;
@@ -263,6 +396,8 @@ class ReplicaLoop {
         auto it = meta_.find(t.id);
         if (it == meta_.end() || !it->second.stream) continue;
         const ItemMeta& m = it->second;
+        // Past a detected call (forced tokens of one step only): never reported.
+        if (m.event != DetectEvent::kNone && t.position - m.prompt_len >= m.cut) continue;
         // position_begin counts generated tokens; the engine's position is absolute.
         auto ids = fbb.CreateVector(&t.token, 1);
         auto lps = fbb.CreateVector(&t.logprob, 1);
@@ -278,6 +413,7 @@ class ReplicaLoop {
       if (it == meta_.end()) continue;
       trajs.push_back(BuildTrajectory(fbb, out, it->second));
       if (it->second.stream) --streaming_;
+      if (it->second.detector) --detecting_;
       meta_.erase(it);
     }
     if (trajs.empty() && chunks.empty()) return Status::Ok();
@@ -294,6 +430,7 @@ class ReplicaLoop {
   const ReplicaOptions& options_;
   std::unordered_map<uint64_t, ItemMeta> meta_;  // live work items by work_id
   int64_t streaming_ = 0;                        // live items with stream_tokens
+  int64_t detecting_ = 0;                        // live items with a tool/stop detector
   uint64_t version_ = 0;
   int64_t tokens_processed_ = 0;
   std::vector<uint64_t> align_buf_;  // AlignForRead storage

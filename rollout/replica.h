@@ -12,6 +12,14 @@
 // the engine re-prefills and re-scores the logged tokens and continues; their TokenEvents are
 // streamed like sampled ones (the coordinator skips positions it already logged).
 //
+// Tool loop: the engine's prompt is prompt + WorkItem.context_ids + the tokenizer's encoding of
+// WorkItem.inject_text (no BOS); the injected ids are sent first, as a TokenChunk with
+// injected_ids. Each item with tool delimiters or stop strings gets a ToolDetector
+// (rollout/tool_detect.h) fed with its tokens; on a complete call / stop string the replica
+// aborts the sequence and reports it ending exactly on that token, finish ToolCall (with the
+// call text in Trajectory.tool_call) or Stop. A prompt + context + result that fills the
+// context ends the item with finish Length and no result.
+//
 // Ownership: the caller owns `engine` and `ctx`; both must outlive the call.
 // Thread-safety: RunReplica() uses `engine` from the calling thread only; `stop` may be set from
 // any thread.

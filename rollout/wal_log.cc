@@ -89,17 +89,86 @@ std::string FinishTrajectory(flatbuffers::FlatBufferBuilder& fbb,
 
 }  // namespace
 
-std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAddress& at,
-                                  const CostInfo& cost, std::string_view client_tag) {
-  flatbuffers::FlatBufferBuilder fbb(256 + log.token_ids.size() * 8);
-  auto ids = fbb.CreateVector(log.token_ids);
-  auto lps = fbb.CreateVector(log.logprobs);
-  std::vector<wire::VersionSpan> spans;
+LoggedTurns RebuildTurns(const wal::TrajectoryLog& log) {
+  LoggedTurns lt;
+  // Sampled index -> index among all tokens: shifted by the injected tokens before it.
+  std::vector<std::pair<uint32_t, uint32_t>> shifts;  // (sampled index, injected before it)
+  uint32_t injected = 0;
+  auto take = [&](uint32_t upto) {
+    upto = std::min<uint32_t>(upto, static_cast<uint32_t>(log.token_ids.size()));
+    if (upto <= lt.sampled_base) return;
+    lt.ids.insert(lt.ids.end(), log.token_ids.begin() + lt.sampled_base,
+                  log.token_ids.begin() + upto);
+    lt.lps.insert(lt.lps.end(), log.logprobs.begin() + lt.sampled_base,
+                  log.logprobs.begin() + upto);
+    lt.mask.resize(lt.mask.size() + (upto - lt.sampled_base), 1);
+    lt.sampled_base = upto;
+  };
+  for (size_t k = 0; k < log.turns.size(); ++k) {
+    const wal::TurnBoundary& b = log.turns[k];
+    take(b.token_index);
+    lt.ids.insert(lt.ids.end(), b.injected_tokens.begin(), b.injected_tokens.end());
+    lt.lps.resize(lt.lps.size() + b.injected_tokens.size(), 0.0f);
+    lt.mask.resize(lt.mask.size() + b.injected_tokens.size(), 0);
+    injected += static_cast<uint32_t>(b.injected_tokens.size());
+    shifts.emplace_back(lt.sampled_base, injected);
+    ++lt.turns;
+  }
+  for (size_t k = 0; k < log.tool_calls.size(); ++k) {
+    ToolOutcome o = FromWal(log.tool_calls[k]);
+    lt.sandbox_seconds += o.wall_seconds;
+    lt.sandbox_cpu_seconds += o.cpu_seconds;
+    const uint32_t at = log.tool_calls[k].call.token_index;
+    // Call k ended turn k+1; the injections before it are those of boundaries 0..k-1.
+    uint32_t before = 0;
+    for (size_t j = 0; j < k && j < log.turns.size(); ++j) {
+      before += static_cast<uint32_t>(log.turns[j].injected_tokens.size());
+    }
+    o.token_index = static_cast<int32_t>(at + before);
+    lt.calls.push_back(std::move(o));
+  }
+  if (log.tool_calls.size() > log.turns.size()) {
+    // The turn that made the last call is over; its result is not injected yet.
+    lt.pending_call = true;
+    take(log.tool_calls.back().call.token_index);
+    ++lt.turns;
+  }
+  // Version spans over the rebuilt tokens (sampled spans, shifted by the injections before).
   for (const wal::TokenSpan& s : log.spans) {
-    if (spans.empty() || spans.back().version() != s.weight_version) {
-      spans.emplace_back(static_cast<int32_t>(s.first_token), s.weight_version);
+    uint32_t before = 0;
+    for (const auto& [si, inj] : shifts) {
+      if (si <= s.first_token) before = inj;
+    }
+    if (lt.versions.empty() || lt.versions.back().version() != s.weight_version) {
+      lt.versions.emplace_back(static_cast<int32_t>(s.first_token + before), s.weight_version);
     }
   }
+  return lt;
+}
+
+std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAddress& at,
+                                  const CostInfo& cost_in, std::string_view client_tag) {
+  const LoggedTurns lt = RebuildTurns(log);
+  // A finished trajectory: its last turn's tokens follow the rebuilt ones.
+  std::vector<int32_t> all = lt.ids;
+  std::vector<float> all_lps = lt.lps;
+  std::vector<uint8_t> mask = lt.mask;
+  if (lt.sampled_base < log.token_ids.size()) {
+    all.insert(all.end(), log.token_ids.begin() + lt.sampled_base, log.token_ids.end());
+    all_lps.insert(all_lps.end(), log.logprobs.begin() + lt.sampled_base, log.logprobs.end());
+    mask.resize(all.size(), 1);
+  }
+  CostInfo cost = cost_in;
+  cost.sandbox_seconds += lt.sandbox_seconds;
+  cost.sandbox_cpu_seconds += lt.sandbox_cpu_seconds;
+  flatbuffers::FlatBufferBuilder fbb(256 + all.size() * 9);
+  auto ids = fbb.CreateVector(all);
+  auto lps = fbb.CreateVector(all_lps);
+  auto mk = fbb.CreateVector(mask);
+  std::vector<flatbuffers::Offset<wire::ToolCallInfo>> cv;
+  for (const ToolOutcome& o : lt.calls) cv.push_back(BuildToolCallInfo(fbb, o, at.group_id));
+  auto calls = fbb.CreateVector(cv);
+  const std::vector<wire::VersionSpan>& spans = lt.versions;
   auto vs = fbb.CreateVectorOfStructs(spans);
   const wal::NumericsFingerprint& f = log.header.fingerprint;
   auto fp = wire::CreateFingerprint(fbb, f.weights_hash, f.kernel_version, f.attention_chunk,
@@ -120,9 +189,11 @@ std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAdd
   b.add_ids(ids);
   b.add_logprobs(lps);
   b.add_finish(reason);
-  b.add_turns(1);
+  b.add_turns(lt.turns);
   b.add_versions(vs);
   b.add_fingerprint(fp);
+  b.add_mask(mk);
+  if (!cv.empty()) b.add_tool_calls(calls);
   b.add_cost(c);
   b.add_replica(rep);
   if (!client_tag.empty()) b.add_client_tag(tag);

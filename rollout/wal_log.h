@@ -8,6 +8,9 @@
 //   first dispatch   -> AppendHeader(traj): request bytes, seed, sampling, weight version,
 //                       numerics fingerprint; AcknowledgeGroup once every sample has a header
 //   TokenChunk       -> AppendTokens(traj): every generated token (id, logprob, version), in order
+//   tool loop        -> AppendToolCall before a call runs, AppendToolResult once it returned,
+//                       AppendTurnBoundary (the injected result ids) when the next turn starts;
+//                       token indexes count sampled tokens only (rollout/coordinator_tools.cc)
 //   replica finish   -> AppendFinish(traj); the client gets the trajectory only once
 //                       IsTrajectoryDurable(traj)
 //   client Ack       -> Acknowledge(traj): compaction
@@ -32,6 +35,7 @@
 #include "engine/engine.h"
 #include "rollout/messages.h"
 #include "rollout/protocol.h"
+#include "rollout/tool_call.h"
 #include "schema/status.h"
 #include "wal/wal.h"
 
@@ -92,6 +96,15 @@ class WalLog {
   Status LogFinish(uint64_t traj, wire::FinishReason reason, std::string_view error) {
     return wal_->AppendFinish(traj, static_cast<uint8_t>(reason), error);
   }
+  Status LogToolCall(uint64_t traj, const wal::ToolCall& c) {
+    return wal_->AppendToolCall(traj, c);
+  }
+  Status LogToolResult(uint64_t traj, const wal::ToolResult& r) {
+    return wal_->AppendToolResult(traj, r);
+  }
+  Status LogTurnBoundary(uint64_t traj, const wal::TurnBoundary& b) {
+    return wal_->AppendTurnBoundary(traj, b);
+  }
   Status Acknowledge(uint64_t traj) { return wal_->Acknowledge(traj); }
   Status Discard(uint64_t traj) { return wal_->Discard(traj); }
 
@@ -118,6 +131,23 @@ class WalLog {
   std::chrono::steady_clock::time_point last_commit_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
 };
+
+// A trajectory's tool loop as logged: the tokens of its finished turns with the injected results
+// in place (TurnBoundary records), and its calls (results replayed from ToolResult records).
+struct LoggedTurns {
+  std::vector<int32_t> ids;  // sampled + injected tokens before the current turn
+  std::vector<float> lps;    // 0.0 for injected
+  std::vector<uint8_t> mask;
+  std::vector<wire::VersionSpan> versions;  // begin indexes into ids
+  uint32_t sampled_base = 0;  // sampled tokens in ids (the current turn's tokens follow in the log)
+  int32_t turns = 1;          // the current turn (1-based)
+  std::vector<ToolOutcome> calls;
+  // The last call's result is not injected yet (no TurnBoundary after it): with a result it is
+  // replayed into the next turn; without one the call runs again (at-least-once).
+  bool pending_call = false;
+  double sandbox_seconds = 0, sandbox_cpu_seconds = 0;
+};
+LoggedTurns RebuildTurns(const wal::TrajectoryLog& log);
 
 // A client Trajectory envelope for a trajectory known only from the log (finished before a
 // restart): ids, logprob bits, finish reason, version spans and fingerprint from the records.

@@ -3,7 +3,8 @@
 # docs/benchmarks.md. Machines are shared and noisy: every figure is a median of repetitions, and
 # ratios are taken within one run.
 #
-#   scripts/bench.sh [kernels|engine|serving|wal|sandbox|coordinator ...]   (default: all)
+#   scripts/bench.sh [kernels|engine|serving|wal|wal_service|sandbox|coordinator|service ...]
+#   (default: all but service and wal_service, which take minutes)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BITROLL_BUILD_DIR:-$root/build}"
@@ -26,6 +27,7 @@ for b in "${want[@]}"; do
     kernels) "$exe" --reps=5 ;;
     engine) "$exe" --models-dir "$models" --work "$work" --reps 3 ;;
     serving) "$exe" --models-dir "$models" --work "$work" ;;
+    service | wal_service) "$exe" --models "$models" --work "$work" ;;
     *) "$exe" ;;
   esac
 done

@@ -1,5 +1,8 @@
 #include "tests/engine_test_util.h"
 
+#include <fstream>
+#include <sstream>
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -106,6 +109,47 @@ engine::SequenceRequest RandomRequest(uint64_t id, uint32_t seed, int32_t vocab,
   r.sample_index = seed % 8;
   r.stop.max_tokens = std::uniform_int_distribution<int32_t>(1, max_tokens)(rng);
   return r;
+}
+
+engine::SamplingParams Greedy() {
+  engine::SamplingParams p;
+  p.temperature = 0.0f;
+  return p;
+}
+
+engine::SamplingParams Sampled() {
+  engine::SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.9f;
+  p.seed = 1234;
+  return p;
+}
+
+engine::SequenceRequest Target(uint64_t id, const engine::SamplingParams& sp) {
+  engine::SequenceRequest r;
+  r.id = id;
+  r.prompt = {1, 403, 407, 261, 378};  // "Once upon a time"
+  r.sampling = sp;
+  r.sample_index = 3;
+  r.stop.max_tokens = 48;
+  r.stop.stop_at_eos = false;
+  r.stop.stop_at_bos = false;
+  return r;
+}
+
+bool ReadGoldenIds(const std::string& path, std::vector<int32_t>* prompt,
+                   std::vector<int32_t>* seq) {
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream in(line.substr(line.find(':') + 1));
+    std::vector<int32_t>* dst = line.rfind("PROMPT_TOKENS", 0) == 0 ? prompt
+                                : line.rfind("SEQ", 0) == 0         ? seq
+                                                                    : nullptr;
+    if (dst == nullptr) continue;
+    for (int32_t x; in >> x;) dst->push_back(x);
+  }
+  return !prompt->empty() && !seq->empty();
 }
 
 }  // namespace bitroll::testing_util

@@ -46,6 +46,18 @@ std::map<uint64_t, engine::SequenceOutput> RunAll(engine::Engine& e,
 // ids and logprob bits equal (memcmp), plus the finish reason.
 bool SameTrajectory(const engine::SequenceOutput& a, const engine::SequenceOutput& b);
 
+// Sampling presets of the invariance suites: greedy, and T = 1 with top-p 0.9 (seed 1234).
+engine::SamplingParams Greedy();
+engine::SamplingParams Sampled();
+// The request under test: "Once upon a time" on stories260K, sample index 3, 48 tokens, no EOS/BOS
+// stop.
+engine::SequenceRequest Target(uint64_t id, const engine::SamplingParams& sp);
+
+// Parses a golden transcript's "PROMPT_TOKENS(5): 1 403 ..." and "SEQ: 403 ..." lines
+// (once_upon_n256.ids.txt). False when either is missing.
+bool ReadGoldenIds(const std::string& path, std::vector<int32_t>* prompt,
+                   std::vector<int32_t>* seq);
+
 // A random request: BOS + 1..max_prompt random ids, random max_tokens, the given sampling params.
 engine::SequenceRequest RandomRequest(uint64_t id, uint32_t seed, int32_t vocab, int32_t max_prompt,
                                       int32_t max_tokens, const engine::SamplingParams& sp);

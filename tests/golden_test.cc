@@ -13,21 +13,7 @@ namespace bitroll {
 namespace {
 
 using testing_util::ModelsDir;
-
-// Parses "PROMPT_TOKENS(5): 1 403 ..." and "SEQ: 403 ..." from once_upon_n256.ids.txt.
-bool ReadIds(const std::string& path, std::vector<int32_t>* prompt, std::vector<int32_t>* seq) {
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    std::istringstream in(line.substr(line.find(':') + 1));
-    std::vector<int32_t>* dst = line.rfind("PROMPT_TOKENS", 0) == 0 ? prompt
-                                : line.rfind("SEQ", 0) == 0         ? seq
-                                                                    : nullptr;
-    if (dst == nullptr) continue;
-    for (int32_t x; in >> x;) dst->push_back(x);
-  }
-  return !prompt->empty() && !seq->empty();
-}
+using testing_util::ReadGoldenIds;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -55,7 +41,7 @@ engine::SequenceOutput Greedy(const std::string& isa, const std::vector<int32_t>
 
 TEST(Golden, OnceUponATimeGreedy256MatchesRunC) {
   std::vector<int32_t> prompt, seq;
-  ASSERT_TRUE(ReadIds(ModelsDir() + "/golden/once_upon_n256.ids.txt", &prompt, &seq));
+  ASSERT_TRUE(ReadGoldenIds(ModelsDir() + "/golden/once_upon_n256.ids.txt", &prompt, &seq));
   auto tok = testing_util::Tok512();
   ASSERT_NE(tok, nullptr);
   Result<std::vector<int32_t>> enc = tok->Encode("Once upon a time", true);
@@ -82,7 +68,7 @@ TEST(Golden, OnceUponATimeGreedy256MatchesRunC) {
 
 TEST(Golden, EveryIsaGivesTheSameGreedyBits) {
   std::vector<int32_t> prompt, seq;
-  ASSERT_TRUE(ReadIds(ModelsDir() + "/golden/once_upon_n256.ids.txt", &prompt, &seq));
+  ASSERT_TRUE(ReadGoldenIds(ModelsDir() + "/golden/once_upon_n256.ids.txt", &prompt, &seq));
   const engine::SequenceOutput scalar = Greedy("scalar", prompt, 128);
   ASSERT_FALSE(scalar.tokens.empty());
   for (const char* isa : {"avx2", "avx512"}) {

@@ -24,37 +24,13 @@ using engine::SamplingParams;
 using engine::SequenceOutput;
 using engine::SequenceRequest;
 using testing_util::EngineSetup;
+using testing_util::Greedy;
 using testing_util::MakeEngine;
 using testing_util::RandomRequest;
 using testing_util::RunAll;
 using testing_util::SameTrajectory;
-
-SamplingParams Greedy() {
-  SamplingParams p;
-  p.temperature = 0.0f;
-  return p;
-}
-
-SamplingParams Sampled() {
-  SamplingParams p;
-  p.temperature = 1.0f;
-  p.top_p = 0.9f;
-  p.seed = 1234;
-  return p;
-}
-
-// The request under test: a real prompt, 48 tokens.
-SequenceRequest Target(uint64_t id, const SamplingParams& sp) {
-  SequenceRequest r;
-  r.id = id;
-  r.prompt = {1, 403, 407, 261, 378};  // "Once upon a time"
-  r.sampling = sp;
-  r.sample_index = 3;
-  r.stop.max_tokens = 48;
-  r.stop.stop_at_eos = false;
-  r.stop.stop_at_bos = false;
-  return r;
-}
+using testing_util::Sampled;
+using testing_util::Target;
 
 SequenceOutput RunAlone(const EngineSetup& setup, const SequenceRequest& r) {
   auto e = MakeEngine(setup);

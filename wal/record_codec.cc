@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include <xxhash.h>
+
 #include "wal/crc32c.h"
 #include "wal_generated.h"
 
@@ -29,6 +31,8 @@ static_assert(static_cast<uint8_t>(fb::RecordBody::Group) ==
               static_cast<uint8_t>(RecordType::kGroup));
 static_assert(static_cast<uint8_t>(fb::RecordBody::Acked) ==
               static_cast<uint8_t>(RecordType::kAcked));
+static_assert(static_cast<uint8_t>(fb::RecordBody::RequestBlob) ==
+              static_cast<uint8_t>(RecordType::kRequestBlob));
 
 namespace {
 
@@ -62,9 +66,11 @@ std::string Frame(RecordType type, flatbuffers::FlatBufferBuilder& b,
 
 }  // namespace
 
-std::string EncodeHeader(const TrajectoryHeader& h) {
-  flatbuffers::FlatBufferBuilder b(256 + h.request.size());
-  auto request = Bytes(b, h.request);
+std::string EncodeHeader(const TrajectoryHeader& h, std::string_view request_digest) {
+  const bool blob = !request_digest.empty();
+  flatbuffers::FlatBufferBuilder b(256 + (blob ? 0 : h.request.size()));
+  auto request = Bytes(b, blob ? std::string_view() : std::string_view(h.request));
+  auto digest = blob ? Bytes(b, request_digest) : 0;
   auto backend = b.CreateString(h.fingerprint.backend);
   auto fp =
       fb::CreateNumericsFingerprint(b, h.fingerprint.weights_hash, h.fingerprint.kernel_version,
@@ -72,8 +78,24 @@ std::string EncodeHeader(const TrajectoryHeader& h) {
   const fb::SamplingParams sp(h.sampling.temperature, h.sampling.top_k, h.sampling.top_p,
                               h.sampling.min_p);
   auto body = fb::CreateHeader(b, request, h.group_id, h.sample_index, h.seed, &sp, h.max_tokens,
-                               h.weight_version, fp);
+                               h.weight_version, fp, digest);
   return Frame(RecordType::kHeader, b, body.Union());
+}
+
+std::string EncodeRequestBlob(std::string_view digest, std::string_view request) {
+  flatbuffers::FlatBufferBuilder b(64 + request.size());
+  auto d = Bytes(b, digest);
+  auto r = Bytes(b, request);
+  auto body = fb::CreateRequestBlob(b, d, r);
+  return Frame(RecordType::kRequestBlob, b, body.Union());
+}
+
+std::string RequestDigest(std::string_view request) {
+  const XXH128_hash_t h = XXH3_128bits(request.data(), request.size());
+  std::string d(format::kRequestDigestSize, '\0');
+  format::PutBigEndian64(h.high64, reinterpret_cast<uint8_t*>(d.data()));
+  format::PutBigEndian64(h.low64, reinterpret_cast<uint8_t*>(d.data()) + 8);
+  return d;
 }
 
 std::string EncodeTokens(uint32_t first_index, std::span<const int32_t> ids,
@@ -148,9 +170,10 @@ Status CheckValue(std::string_view value, std::string_view where) {
     return Status::Corruption(std::string(where) + ": " + buf);
   }
   const uint8_t version = static_cast<uint8_t>(value[format::kVersionOffset]);
-  if (version != format::kFormatVersion) {
+  if (version < format::kOldestReadableVersion || version > format::kFormatVersion) {
     return Status::Corruption(std::string(where) + ": record format version " +
                               std::to_string(version) + ", expected " +
+                              std::to_string(format::kOldestReadableVersion) + ".." +
                               std::to_string(format::kFormatVersion));
   }
   return Status::Ok();
@@ -191,6 +214,31 @@ Result<PendingGroup> DecodeGroup(uint64_t group_id, std::string_view value) {
   return PendingGroup{group_id, std::string(View(g->request()))};
 }
 
+Result<std::string> DecodeRequestBlob(std::string_view digest, std::string_view value) {
+  const std::string where = "request blob " + HexDigest(digest);
+  std::vector<uint64_t> aligned;
+  BR_ASSIGN_OR_RETURN(const fb::WalRecord* rec, Parse(value, where, aligned));
+  const fb::RequestBlob* r = rec->body_as_RequestBlob();
+  if (r == nullptr || View(r->digest()) != digest) {
+    return Status::Corruption(where + ": not a request blob for this key");
+  }
+  std::string bytes(View(r->bytes()));
+  if (RequestDigest(bytes) != digest) {
+    return Status::Corruption(where + ": the bytes do not hash to the key");
+  }
+  return bytes;
+}
+
+std::string HexDigest(std::string_view digest) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : digest) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
 TrajectoryDecoder::TrajectoryDecoder(uint64_t traj) {
   log_.id = traj;
 }
@@ -217,6 +265,11 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
       const fb::Header* h = rec->body_as_Header();
       TrajectoryHeader& o = log_.header;
       o.request = std::string(View(h->request()));
+      request_digest_ = std::string(View(h->request_digest()));
+      if (!request_digest_.empty() &&
+          (request_digest_.size() != format::kRequestDigestSize || !o.request.empty())) {
+        return bad("header has a malformed request digest");
+      }
       o.group_id = h->group_id();
       o.sample_index = h->sample_index();
       o.seed = h->seed();

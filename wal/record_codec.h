@@ -18,7 +18,13 @@ namespace bitroll::wal::internal {
 
 // Each returns a complete LMDB value: the 8-byte value header (CRC32C over bytes [4, end)) and the
 // FlatBuffer. The bytes are a pure function of the arguments.
-std::string EncodeHeader(const TrajectoryHeader& h);
+// A non-empty `request_digest` (RequestDigest(h.request)) stores the digest instead of the request
+// bytes, which then live in a request blob (EncodeRequestBlob) in the requests database.
+std::string EncodeHeader(const TrajectoryHeader& h, std::string_view request_digest = {});
+std::string EncodeRequestBlob(std::string_view digest, std::string_view request);
+// XXH3-128 of the request, 16 bytes big-endian (format::kRequestDigestSize): the blob's key.
+std::string RequestDigest(std::string_view request);
+std::string HexDigest(std::string_view digest);
 std::string EncodeTokens(uint32_t first_index, std::span<const int32_t> ids,
                          std::span<const float> logprobs, uint64_t weight_version);
 std::string EncodeTurnBoundary(const TurnBoundary& b);
@@ -30,6 +36,10 @@ std::string EncodeAcked(uint64_t unix_ms);
 
 // Checks the value header and the CRC of one value. kCorruption with `where` in the message.
 Status CheckValue(std::string_view value, std::string_view where);
+
+// Decodes a request blob stored under `digest`; kCorruption naming the blob on any failure,
+// including bytes that do not hash to the digest.
+Result<std::string> DecodeRequestBlob(std::string_view digest, std::string_view value);
 
 // Decodes a group value. kCorruption naming the group on any failure.
 Result<PendingGroup> DecodeGroup(uint64_t group_id, std::string_view value);
@@ -46,9 +56,13 @@ class TrajectoryDecoder {
   Status Done() const;
   const TrajectoryLog& log() const { return log_; }
   TrajectoryLog&& TakeLog() { return std::move(log_); }
+  // The header's request digest (format 2), empty when the request is inline. The caller fills
+  // log().header.request from the blob.
+  const std::string& request_digest() const { return request_digest_; }
 
  private:
   uint64_t next_seq_ = 0;
+  std::string request_digest_;
   std::map<uint32_t, size_t> call_pos_;  // call_index -> position in log_.tool_calls
   TrajectoryLog log_;
 };

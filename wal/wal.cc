@@ -15,6 +15,7 @@
 namespace bitroll::wal {
 
 using internal::LmdbError;
+using internal::LmdbWriteError;
 using internal::MakeOp;
 using internal::RoundUpToPage;
 using internal::Val;
@@ -66,26 +67,33 @@ Status Wal::Impl::OpenEnv() {
   if ((rc = mdb_dbi_open(txn, format::kMetaDbName, MDB_CREATE, &meta_dbi)) != 0) {
     return fail(rc, "open meta db");
   }
+  if ((rc = mdb_dbi_open(txn, format::kRequestDbName, MDB_CREATE, &request_dbi)) != 0) {
+    return fail(rc, "open requests db");
+  }
   const std::string_view vkey = format::kMetaVersionKey;
   MDB_val k = Val(vkey.data(), vkey.size()), v;
   rc = mdb_get(txn, meta_dbi, &k, &v);
+  uint32_t ver = 0;
   if (rc == MDB_NOTFOUND) {
-    uint8_t ver[4];
-    for (int i = 0; i < 4; ++i) ver[i] = static_cast<uint8_t>(format::kFormatVersion >> (8 * i));
-    v = Val(ver, 4);
-    if ((rc = mdb_put(txn, meta_dbi, &k, &v, 0)) != 0) return fail(rc, "write format version");
+    ver = 0;  // a new environment
   } else if (rc != 0) {
     return fail(rc, "read format version");
   } else {
-    uint32_t ver = 0;
     const auto* p = static_cast<const uint8_t*>(v.mv_data);
     for (size_t i = 0; i < std::min<size_t>(v.mv_size, 4); ++i) ver |= uint32_t{p[i]} << (8 * i);
-    if (v.mv_size != 4 || ver != format::kFormatVersion) {
+    if (v.mv_size != 4 || ver < format::kOldestReadableVersion || ver > format::kFormatVersion) {
       mdb_txn_abort(txn);
       return Status::Unsupported("WAL in " + opt.dir + " has format version " +
-                                 std::to_string(ver) + "; this build reads version " +
+                                 std::to_string(ver) + "; this build reads versions " +
+                                 std::to_string(format::kOldestReadableVersion) + " to " +
                                  std::to_string(format::kFormatVersion));
     }
+  }
+  if (ver != format::kFormatVersion) {  // new, or an older version upgraded in place
+    uint8_t bytes[4];
+    for (int i = 0; i < 4; ++i) bytes[i] = static_cast<uint8_t>(format::kFormatVersion >> (8 * i));
+    v = Val(bytes, 4);
+    if ((rc = mdb_put(txn, meta_dbi, &k, &v, 0)) != 0) return fail(rc, "write format version");
   }
   if ((rc = mdb_txn_commit(txn)) != 0) return LmdbError(rc, "commit WAL metadata");
   if (opt.durability != Durability::kSyncEveryCommit && (rc = mdb_env_sync(env, 1)) != 0) {
@@ -132,9 +140,23 @@ void Wal::Impl::ExpireRetained() {
     retained.erase(retained.begin());
     auto it = trajs.find(id);
     if (it == trajs.end() || !it->second.acked) continue;  // discarded, or the id was reused
-    trajs.erase(it);
-    unsynced_trajs.erase(id);
-    buffer.push_back(MakeOp(Op::kDelTraj, id, 0));
+    EraseTrajectory(it);
+  }
+}
+
+void Wal::Impl::EraseTrajectory(std::unordered_map<uint64_t, TrajState>::iterator it) {
+  const uint64_t id = it->first;
+  const std::string digest = std::move(it->second.request_digest);
+  trajs.erase(it);
+  unsynced_trajs.erase(id);
+  buffer.push_back(MakeOp(Op::kDelTraj, id, 0));
+  if (digest.empty()) return;
+  auto r = request_refs.find(digest);
+  if (r != request_refs.end() && --r->second == 0) {
+    request_refs.erase(r);
+    Op del = MakeOp(Op::kDelRequest, 0, 0);
+    del.digest = digest;
+    buffer.push_back(std::move(del));
   }
 }
 
@@ -167,6 +189,15 @@ int Wal::Impl::ApplyOps(MDB_txn* txn, const std::vector<Op>& batch) {
         MDB_val k = Val(key, format::kGroupKeySize), v = Val(op.value.data(), op.value.size());
         rc = op.kind == Op::kPutGroup ? mdb_put(txn, group_dbi, &k, &v, 0)
                                       : mdb_del(txn, group_dbi, &k, nullptr);
+        if (rc == MDB_NOTFOUND) rc = 0;  // deleted before it was ever committed
+        break;
+      }
+      case Op::kPutRequest:
+      case Op::kDelRequest: {
+        MDB_val k = Val(op.digest.data(), op.digest.size());
+        MDB_val v = Val(op.value.data(), op.value.size());
+        rc = op.kind == Op::kPutRequest ? mdb_put(txn, request_dbi, &k, &v, 0)
+                                        : mdb_del(txn, request_dbi, &k, nullptr);
         if (rc == MDB_NOTFOUND) rc = 0;  // deleted before it was ever committed
         break;
       }
@@ -226,7 +257,7 @@ Status Wal::Impl::WriteBatch(const std::vector<Op>& batch) {
       rc = ApplyOps(txn, batch);
       if (rc != 0) {
         mdb_txn_abort(txn);
-        if (rc != MDB_MAP_FULL) return LmdbError(rc, "WAL write");
+        if (rc != MDB_MAP_FULL) return LmdbWriteError(rc, "WAL write", opt.dir);
       } else {
         if (opt.fault_hook) {
           Status s = opt.fault_hook(IoOp::kWrite);
@@ -237,7 +268,7 @@ Status Wal::Impl::WriteBatch(const std::vector<Op>& batch) {
         }
         rc = mdb_txn_commit(txn);  // frees txn whatever the result
         if (rc == 0) return Status::Ok();
-        if (rc != MDB_MAP_FULL) return LmdbError(rc, "mdb_txn_commit");
+        if (rc != MDB_MAP_FULL) return LmdbWriteError(rc, "mdb_txn_commit", opt.dir);
       }
     }
     BR_RETURN_IF_ERROR(GrowMap());  // MDB_MAP_FULL: grow and retry the whole transaction
@@ -247,7 +278,7 @@ Status Wal::Impl::WriteBatch(const std::vector<Op>& batch) {
 Status Wal::Impl::Sync() {
   if (opt.fault_hook) BR_RETURN_IF_ERROR(opt.fault_hook(IoOp::kSync));
   const int rc = mdb_env_sync(env, 1);
-  if (rc != 0) return LmdbError(rc, "mdb_env_sync");
+  if (rc != 0) return LmdbWriteError(rc, "mdb_env_sync", opt.dir);
   return Status::Ok();
 }
 
@@ -270,9 +301,13 @@ Status Wal::Impl::CommitLocked(bool force_sync) {
     st.commits++;
     for (const Op& op : batch) {
       if (op.lsn != 0) committed_lsn = std::max(committed_lsn, op.lsn);
-      if (op.kind != Op::kPutTraj && op.kind != Op::kPutGroup) continue;
-      const uint64_t bytes = op.value.size() + (op.kind == Op::kPutTraj ? format::kTrajKeySize
-                                                                        : format::kGroupKeySize);
+      if (op.kind != Op::kPutTraj && op.kind != Op::kPutGroup && op.kind != Op::kPutRequest) {
+        continue;
+      }
+      const uint64_t key_bytes = op.kind == Op::kPutTraj    ? format::kTrajKeySize
+                                 : op.kind == Op::kPutGroup ? format::kGroupKeySize
+                                                            : op.digest.size();
+      const uint64_t bytes = op.value.size() + key_bytes;
       st.records_written++;
       st.bytes_written += bytes;
       if (op.kind != Op::kPutTraj) continue;
@@ -380,15 +415,26 @@ Wal::~Wal() {
 
 Status Wal::AppendHeader(uint64_t traj, const TrajectoryHeader& header) {
   Impl& w = *impl_;
-  std::string value = internal::EncodeHeader(header);
+  // A long request (a group's prompts) is stored once as a blob shared by every header naming it.
+  std::string digest;
+  if (header.request.size() >= format::kBlobMinRequestBytes) {
+    digest = internal::RequestDigest(header.request);
+  }
+  std::string value = internal::EncodeHeader(header, digest);
   std::lock_guard<std::mutex> l(w.mu);
   if (!w.sticky.ok()) return w.sticky;
   if (!w.recovered) return Status::FailedPrecondition("Wal::Recover() must run before appending");
   if (w.trajs.count(traj) != 0) {
     return Status::InvalidArgument("trajectory " + std::to_string(traj) + " already exists");
   }
+  if (!digest.empty() && w.request_refs[digest]++ == 0) {
+    Op put = MakeOp(Op::kPutRequest, 0, 0, internal::EncodeRequestBlob(digest, header.request));
+    put.digest = digest;
+    w.Push(std::move(put));
+  }
   TrajState& s = w.trajs[traj];
   s.next_seq = 1;
+  s.request_digest = std::move(digest);
   w.Push(MakeOp(Op::kPutTraj, traj, 0, std::move(value)));
   return Status::Ok();
 }
@@ -529,9 +575,7 @@ Status Wal::Acknowledge(uint64_t traj) {
     w.Push(MakeOp(Op::kPutTraj, traj, it->second.next_seq++, internal::EncodeAcked(now)));
     return Status::Ok();
   }
-  w.trajs.erase(it);
-  w.unsynced_trajs.erase(traj);
-  w.buffer.push_back(MakeOp(Op::kDelTraj, traj, 0));
+  w.EraseTrajectory(it);
   return Status::Ok();
 }
 
@@ -539,11 +583,11 @@ Status Wal::Discard(uint64_t traj) {
   Impl& w = *impl_;
   std::lock_guard<std::mutex> l(w.mu);
   if (!w.sticky.ok()) return w.sticky;
-  if (w.trajs.erase(traj) == 0) {
+  auto it = w.trajs.find(traj);
+  if (it == w.trajs.end()) {
     return Status::NotFound("trajectory " + std::to_string(traj) + " is not in the WAL");
   }
-  w.unsynced_trajs.erase(traj);
-  w.buffer.push_back(MakeOp(Op::kDelTraj, traj, 0));
+  w.EraseTrajectory(it);
   return Status::Ok();
 }
 

@@ -10,12 +10,14 @@
 
 #include "wal/crc32c.h"
 #include "wal/wal.h"
+#include "wal/wal_gtest_util.h"
 #include "wal/wal_test_util.h"
 
 namespace bitroll::wal {
 namespace {
 
 using testing::Dump;
+using testing::OpenAndRecover;
 using testing::SameBytes;
 using testing::TempDir;
 using testing::WriteTrajectory;
@@ -27,16 +29,6 @@ WalOptions Opts(const std::string& dir, Durability d = Durability::kSyncEveryCom
   o.background_commit = false;
   o.max_coalesced_tokens = 1;  // one record per AppendTokens call: exact record counts
   return o;
-}
-
-std::unique_ptr<Wal> OpenAndRecover(const WalOptions& o, RecoveryResult* rr = nullptr) {
-  auto w = Wal::Open(o);
-  EXPECT_TRUE(w.ok()) << w.status().ToString();
-  if (!w.ok()) return nullptr;
-  auto r = (*w)->Recover();
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  if (rr != nullptr && r.ok()) *rr = std::move(r).value();
-  return std::move(w).value();
 }
 
 void ExpectSameStatus(const Status& a, const Status& b) {

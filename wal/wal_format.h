@@ -6,6 +6,7 @@
 //   named database "traj":   key = traj id (u64 BE) ++ seq (u64 BE)  -> value = record
 //   named database "groups": key = group id (u64 BE)                 -> value = record
 //   named database "meta":   key = "format_version"                  -> value = u32 LE
+//   named database "requests": key = XXH3-128 digest (16 bytes)      -> value = record (format 2)
 //   record = crc32c (u32 LE, over bytes [4, end)) ++ type (u8) ++ version (u8) ++ 0 (u16)
 //            ++ WalRecord FlatBuffer (schema/wal.fbs)
 //
@@ -18,14 +19,18 @@
 
 namespace bitroll::wal::format {
 
-// Bumped when a reader of the previous version could misread a record. Open() refuses others.
-inline constexpr uint32_t kFormatVersion = 1;
+// Bumped when a reader of the previous version could misread a record. Open() refuses versions
+// outside [kOldestReadableVersion, kFormatVersion] and upgrades an older environment's meta record
+// to kFormatVersion (version 1 records remain readable: version 2 only added request blobs).
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kOldestReadableVersion = 1;
 
 inline constexpr const char* kTrajDbName = "traj";
 inline constexpr const char* kGroupDbName = "groups";
 inline constexpr const char* kMetaDbName = "meta";
 inline constexpr const char* kMetaVersionKey = "format_version";
-inline constexpr int kMaxDbs = 3;
+inline constexpr const char* kRequestDbName = "requests";
+inline constexpr int kMaxDbs = 4;
 // A plain file in the directory held with flock(LOCK_EX) while a Wal is open.
 inline constexpr const char* kLockFileName = "LOCK";
 
@@ -33,6 +38,11 @@ inline constexpr const char* kLockFileName = "LOCK";
 // contiguous key range [ (traj, 0), (traj+1, 0) ).
 inline constexpr size_t kTrajKeySize = 16;  // traj id u64 BE, seq u64 BE
 inline constexpr size_t kGroupKeySize = 8;  // group id u64 BE
+// Request blobs (format 2): key = XXH3-128 digest of the request bytes (high u64 BE, low u64 BE).
+// A header's request of at least kBlobMinRequestBytes is stored once as a blob; shorter ones stay
+// inline in the header.
+inline constexpr size_t kRequestDigestSize = 16;
+inline constexpr size_t kBlobMinRequestBytes = 64;
 
 // The value header that precedes each FlatBuffer.
 inline constexpr size_t kValueHeaderSize = 8;
@@ -52,6 +62,7 @@ enum class RecordType : uint8_t {
   kFinish = 6,        // the trajectory is complete; last record of a trajectory
   kGroup = 7,         // accepted-but-unstarted work (groups database only)
   kAcked = 8,         // acknowledged, kept for the retention period; only after kFinish
+  kRequestBlob = 9,   // a request shared by trajectory headers (requests database only)
 };
 
 // Map size defaults (WalOptions). LMDB's map is virtual: the file grows only as pages are used.

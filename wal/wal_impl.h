@@ -6,6 +6,7 @@
 #pragma once
 
 #include <lmdb.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -40,6 +41,24 @@ inline Status LmdbError(int rc, std::string_view what) {
   return Status::IoError(std::move(msg));
 }
 
+// LMDB reports a short write() as EIO ("TODO: Use which error code?" in mdb.c); on a full disk
+// that is what a multi-page commit gets instead of ENOSPC. An EIO while the WAL's filesystem has
+// less than kFullDiskSlackBytes available is reported as kNoSpace, naming the free space.
+constexpr uint64_t kFullDiskSlackBytes = 1ull << 20;
+inline Status LmdbWriteError(int rc, std::string_view what, const std::string& dir) {
+  Status s = LmdbError(rc, what);
+  struct statvfs fs {};
+  if (rc == EIO && statvfs(dir.c_str(), &fs) == 0) {
+    const uint64_t avail = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+    if (avail < kFullDiskSlackBytes) {
+      return Status::NoSpace(std::string(what) +
+                             ": No space left on device (LMDB reported a short write as EIO; " +
+                             std::to_string(avail) + " bytes available on the WAL's filesystem)");
+    }
+  }
+  return s;
+}
+
 inline MDB_val Val(const void* p, size_t n) {
   return MDB_val{n, const_cast<void*>(p)};
 }
@@ -54,10 +73,18 @@ inline uint64_t RoundUpToPage(uint64_t n) {
 
 // One buffered mutation, applied in append order inside one write transaction.
 struct Op {
-  enum Kind : uint8_t { kPutTraj, kDelTraj, kPutGroup, kDelGroup } kind = kPutTraj;
-  uint64_t id = 0;   // trajectory or group id
-  uint64_t seq = 0;  // kPutTraj only
-  uint64_t lsn = 0;  // puts only; 0 for deletes (a coalesced token op: its latest append's)
+  enum Kind : uint8_t {
+    kPutTraj,
+    kDelTraj,
+    kPutGroup,
+    kDelGroup,
+    kPutRequest,  // key = digest, value = request blob
+    kDelRequest,  // key = digest
+  } kind = kPutTraj;
+  std::string digest;  // kPutRequest / kDelRequest
+  uint64_t id = 0;     // trajectory or group id
+  uint64_t seq = 0;    // kPutTraj only
+  uint64_t lsn = 0;    // puts only; 0 for deletes (a coalesced token op: its latest append's)
   std::string value;
   // A token record still open for coalescing: encoded into `value` at commit time.
   bool lazy_tokens = false;
@@ -93,6 +120,7 @@ struct TrajState {
   bool acked = false;  // acknowledged with a retention period; deleted when it ends
   uint64_t bytes = 0;
   std::map<uint32_t, bool> calls;  // call_index -> has a result
+  std::string request_digest;      // its header's request blob (format 2), or empty
   int64_t open_tokens_op = -1;     // index in Impl::buffer of its coalescable token op, or -1
 };
 
@@ -106,7 +134,7 @@ struct Wal::Impl {
   WalOptions opt;
   int lock_fd = -1;
   MDB_env* env = nullptr;
-  MDB_dbi traj_dbi = 0, group_dbi = 0, meta_dbi = 0;
+  MDB_dbi traj_dbi = 0, group_dbi = 0, meta_dbi = 0, request_dbi = 0;
 
   // Lock order: commit_mu -> mu -> env_mu. Readers take env_mu shared; a map resize takes it
   // exclusively (LMDB requires that no transaction is active in this process).
@@ -126,6 +154,10 @@ struct Wal::Impl {
   std::set<uint64_t> unsynced_trajs;           // committed but not yet synced (kWindow)
   std::vector<uint64_t> open_token_trajs;      // trajectories with open_tokens_op >= 0
   std::multimap<uint64_t, uint64_t> retained;  // deletion time (unix ms) -> acked trajectory
+  // Request blobs: digest -> number of live trajectories whose header names it. The blob is
+  // written with the first such header and deleted (in the same commit as the last trajectory's
+  // deletion) when the count drops to 0.
+  std::unordered_map<std::string, uint64_t> request_refs;
   uint64_t last_lsn = 0, committed_lsn = 0, durable_lsn = 0;
   WalStats st;
   uint64_t map_bytes = 0;
@@ -143,6 +175,8 @@ struct Wal::Impl {
   uint64_t Push(Op op);                                      // REQUIRES: mu held
   std::vector<Op> TakeBuffer();                              // REQUIRES: mu held
   void ExpireRetained();                                     // REQUIRES: mu held
+  // Deletes trajectory `it` (kDelTraj) and releases its request blob.   REQUIRES: mu held
+  void EraseTrajectory(std::unordered_map<uint64_t, TrajState>::iterator it);
   Status CommitLocked(bool force_sync);                      // REQUIRES: commit_mu held
   Status WriteBatch(const std::vector<Op>& batch);           // REQUIRES: commit_mu held
   int ApplyOps(MDB_txn* txn, const std::vector<Op>& batch);  // an LMDB return code
@@ -151,6 +185,9 @@ struct Wal::Impl {
   Status SetSticky(const Status& s);
   void CommitterLoop();
   Status ScanTrajectory(MDB_txn* txn, uint64_t traj, TrajectoryLog* out) const;
+  // The request blob `digest` named by trajectory traj's header; kCorruption naming both when it
+  // is missing or fails its checks.
+  Result<std::string> ReadRequestBlob(MDB_txn* txn, uint64_t traj, const std::string& digest) const;
 };
 
 }  // namespace bitroll::wal

@@ -36,8 +36,27 @@ Status Wal::Impl::ScanTrajectory(MDB_txn* txn, uint64_t traj, TrajectoryLog* out
   if (dec.log().records == 0) {
     return Status::NotFound("trajectory " + std::to_string(traj) + " has no committed records");
   }
+  std::string request;
+  if (!dec.request_digest().empty()) {
+    BR_ASSIGN_OR_RETURN(request, ReadRequestBlob(txn, traj, dec.request_digest()));
+  }
   *out = dec.TakeLog();
+  if (!request.empty()) out->header.request = std::move(request);
   return Status::Ok();
+}
+
+Result<std::string> Wal::Impl::ReadRequestBlob(MDB_txn* txn, uint64_t traj,
+                                               const std::string& digest) const {
+  MDB_val k = Val(digest.data(), digest.size()), v;
+  const int rc = mdb_get(txn, request_dbi, &k, &v);
+  if (rc == MDB_NOTFOUND) {
+    return Status::Corruption(format::DescribeTrajKey(traj, 0) + ": its request blob " +
+                              internal::HexDigest(digest) + " is missing");
+  }
+  if (rc != 0) return LmdbError(rc, "WAL read (request blob)");
+  Result<std::string> r = internal::DecodeRequestBlob(digest, View(v));
+  if (!r.ok()) return r.status().WithContext(format::DescribeTrajKey(traj, 0));
+  return r;
 }
 
 Result<RecoveryResult> Wal::Recover() {
@@ -62,12 +81,29 @@ Result<RecoveryResult> Wal::Recover() {
   std::optional<internal::TrajectoryDecoder> dec;
   uint64_t cur_id = 0, last_seq = 0;
   bool bad = false;
+  std::unordered_map<std::string, uint64_t> refs;
   auto finish_one = [&]() {
     if (!dec.has_value()) return;
     TrajState& s = states[cur_id];
     s.next_seq = s.committed_next = s.durable_next = last_seq + 1;
+    if (!dec->request_digest().empty()) {  // the blob lives while any header names it
+      s.request_digest = dec->request_digest();
+      ++refs[s.request_digest];
+    }
+    std::string request;
+    if (!bad && !s.request_digest.empty()) {
+      Result<std::string> r = w.ReadRequestBlob(txn, cur_id, s.request_digest);
+      if (r.ok()) {
+        request = std::move(r).value();
+      } else {
+        bad = true;
+        s.quarantined = true;
+        out.quarantined.push_back({cur_id, 0, r.status()});
+      }
+    }
     if (!bad) {
       TrajectoryLog log = dec->TakeLog();
+      if (!request.empty()) log.header.request = std::move(request);
       s.tokens = static_cast<uint32_t>(log.token_ids.size());
       s.finished = log.finish.has_value();
       s.bytes = log.bytes;
@@ -131,10 +167,31 @@ Result<RecoveryResult> Wal::Recover() {
     }
     mdb_cursor_close(cur);
   }
+  if (rc != MDB_NOTFOUND) {
+    mdb_txn_abort(txn);
+    return LmdbError(rc, "WAL recovery scan (groups)");
+  }
+  // Blobs no header names (their last trajectory's deletion was interrupted by nothing durable:
+  // cannot happen within one commit, but a quarantined header may have named them) are deleted.
+  std::vector<std::string> orphans;
+  if ((rc = mdb_cursor_open(txn, w.request_dbi, &cur)) == 0) {
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+      std::string digest(View(k));
+      if (refs.count(digest) == 0) orphans.push_back(std::move(digest));
+    }
+    mdb_cursor_close(cur);
+  }
   mdb_txn_abort(txn);
-  if (rc != MDB_NOTFOUND) return LmdbError(rc, "WAL recovery scan (groups)");
+  if (rc != MDB_NOTFOUND) return LmdbError(rc, "WAL recovery scan (requests)");
 
   std::lock_guard<std::mutex> l(w.mu);
+  w.request_refs = std::move(refs);
+  for (std::string& d : orphans) {
+    Op del = internal::MakeOp(Op::kDelRequest, 0, 0);
+    del.digest = std::move(d);
+    w.buffer.push_back(std::move(del));
+  }
   for (auto& [id, s] : states) w.trajs[id] = std::move(s);
   w.groups = std::move(groups);
   w.retained = std::move(retained);

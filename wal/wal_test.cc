@@ -10,6 +10,7 @@
 #include <cmath>
 #include <thread>
 
+#include "wal/wal_gtest_util.h"
 #include "wal/wal_test_util.h"
 
 namespace bitroll::wal {
@@ -17,6 +18,7 @@ namespace {
 
 using testing::Dump;
 using testing::MakeHeader;
+using testing::OpenAndRecover;
 using testing::SameBytes;
 using testing::TempDir;
 using testing::TokenId;
@@ -29,16 +31,6 @@ WalOptions Opts(const std::string& dir, Durability d = Durability::kNone) {
   o.background_commit = false;
   o.max_coalesced_tokens = 1;  // one record per AppendTokens call: exact record counts
   return o;
-}
-
-std::unique_ptr<Wal> OpenAndRecover(const WalOptions& o, RecoveryResult* rr = nullptr) {
-  auto w = Wal::Open(o);
-  EXPECT_TRUE(w.ok()) << w.status().ToString();
-  if (!w.ok()) return nullptr;
-  auto r = (*w)->Recover();
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  if (rr != nullptr && r.ok()) *rr = std::move(r).value();
-  return std::move(w).value();
 }
 
 void AppendTokenRange(Wal& w, uint64_t traj, uint32_t from, uint32_t to, uint32_t batch,

@@ -55,8 +55,8 @@ def _load_wire():
     import bitroll.wire as wire  # noqa: E402  (generated)
     from bitroll.wire import (Abort, Ack, Drain, Envelope, Error, ErrorCode,  # noqa: F401
                               FinishReason, GroupDone, Message, Prompt, SamplingParams,
-                              Status, StatusReply, SubmitRollouts, TokenChunk, Trajectory,
-                              UpdateWeights)
+                              Status, StatusReply, SubmitRollouts, TokenChunk, ToolTier,
+                              Trajectory, UpdateWeights)
     return wire
 
 
@@ -71,6 +71,8 @@ from bitroll.wire.UpdateWeights import UpdateWeightsT  # noqa: E402
 from bitroll.wire.Status import StatusT  # noqa: E402
 from bitroll.wire.Drain import DrainT  # noqa: E402
 from bitroll.wire.Ack import AckT  # noqa: E402
+from bitroll.wire.ToolSpec import ToolSpecT  # noqa: E402
+from bitroll.wire.ToolLimits import ToolLimitsT  # noqa: E402
 from bitroll.wire.Trajectory import Trajectory as _Trajectory  # noqa: E402
 from bitroll.wire.TokenChunk import TokenChunk as _TokenChunk  # noqa: E402
 from bitroll.wire.GroupDone import GroupDone as _GroupDone  # noqa: E402
@@ -79,12 +81,15 @@ from bitroll.wire.StatusReply import StatusReply as _StatusReply  # noqa: E402
 from bitroll.wire.Ack import Ack as _Ack  # noqa: E402
 
 _ERROR_NAMES = {v: k for k, v in vars(wire.ErrorCode.ErrorCode).items() if not k.startswith("_")}
-_FINISH_NAMES = {v: k.lower().rstrip("_") for k, v in vars(wire.FinishReason.FinishReason).items()
-                 if not k.startswith("_")}
 
 
 def _snake(name):
     return "".join(("_" + c.lower()) if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+# "length", "stop", "eos", "aborted", "error", "tool_call", ...
+_FINISH_NAMES = {v: _snake(k.rstrip("_")) for k, v in vars(wire.FinishReason.FinishReason).items()
+                 if not k.startswith("_")}
 
 
 class BitrollError(Exception):
@@ -129,6 +134,11 @@ class Trajectory:
     client_tag: str
     fingerprint: dict
     error: object = None   # BitrollError when finish == "error"
+    # Tool loop: mask[i] = 1 for a sampled token, 0 for an injected one (tool result, logprob
+    # 0.0); tool_calls: one dict per call (name, input, tier, exit_status, output,
+    # output_truncated, error, wall_seconds, cpu_seconds, token_index, replayed).
+    mask: np.ndarray = None
+    tool_calls: list = None
 
     def to_json(self):
         """One JSON Lines record (the input of `bitroll cost`); logprob bits are exact hex."""
@@ -140,7 +150,10 @@ class Trajectory:
             "logprob_bits": [f"{b:08x}" for b in self.logprobs.view(np.uint32).tolist()],
             "finish": self.finish, "turns": self.turns, "versions": self.versions,
             "cost": self.cost, "replica": self.replica, "client_tag": self.client_tag,
-            "fingerprint": self.fingerprint})
+            "fingerprint": self.fingerprint,
+            "mask": [] if self.mask is None else self.mask.tolist(),
+            "tool_calls": [{**c, "error": None if c["error"] is None else str(c["error"])}
+                           for c in (self.tool_calls or [])]})
 
 
 @dataclass
@@ -152,6 +165,7 @@ class TokenChunk:
     ids: np.ndarray
     logprobs: np.ndarray
     weight_version: int
+    injected_ids: np.ndarray = None  # tool loop: result tokens inserted at position_begin
 
 
 def _vec(table, name):
@@ -160,9 +174,24 @@ def _vec(table, name):
     return getattr(table, name + "AsNumpy")()
 
 
+_TIER_NAMES = {v: k.lower() for k, v in vars(wire.ToolTier.ToolTier).items()
+               if not k.startswith("_")}
+
+
+def _tool_call(c):
+    return {"name": (c.Name() or b"").decode(), "input": (c.Input() or b"").decode(),
+            "tier": _TIER_NAMES.get(c.Tier(), "function"), "exit_status": c.ExitStatus(),
+            "output": (c.Output() or b"").decode(errors="replace"),
+            "output_truncated": c.OutputTruncated(),
+            "error": None if c.Error() is None else _err(c.Error()),
+            "wall_seconds": c.WallSeconds(), "cpu_seconds": c.CpuSeconds(),
+            "token_index": c.TokenIndex(), "replayed": c.Replayed()}
+
+
 def _trajectory(t):
     ids = _vec(t, "Ids")
     lps = _vec(t, "Logprobs")
+    mask = _vec(t, "Mask")
     fp = t.Fingerprint()
     return Trajectory(
         group_id=t.GroupId(), prompt_index=t.PromptIndex(), sample_index=t.SampleIndex(),
@@ -176,7 +205,10 @@ def _trajectory(t):
                                            "kernel_version": fp.KernelVersion(),
                                            "attention_chunk": fp.AttentionChunk(),
                                            "backend": (fp.Backend() or b"").decode()},
-        error=None if t.Error() is None else _err(t.Error()))
+        error=None if t.Error() is None else _err(t.Error()),
+        mask=(np.ones(0 if ids is None else len(ids), np.uint8) if mask is None
+              else np.asarray(mask, np.uint8).copy()),
+        tool_calls=[_tool_call(t.ToolCalls(i)) for i in range(t.ToolCallsLength())])
 
 
 class Group:
@@ -246,8 +278,16 @@ class Client:
 
     def submit(self, prompts, n=1, params=None, seed=0, max_tokens=256, group_id=None,
                stop_ids=(), stop_strings=(), stop_at_eos=True, max_turns=1, priority=0,
-               client_tag="", stream_tokens=False):
-        """Submits prompts (lists of token ids, or strings) x n samples. Returns a Group."""
+               client_tag="", stream_tokens=False, tools=(), tool_open=None, tool_close=None,
+               tool_open_id=-1, tool_close_id=-1, tool_result_template=None):
+        """Submits prompts (lists of token ids, or strings) x n samples. Returns a Group.
+
+        Tool loop (docs/protocol.md "Tools"): `tools` is a list of dicts {"name", "tier"
+        ("function" | "process" | "container" | "vm"), "function" or "command_template",
+        optional limits "wall_ms", "cpu_ms", "memory_bytes", "output_bytes", "processes",
+        "network"}; a call is the text between tool_open and tool_close (or the tokens
+        tool_open_id .. tool_close_id); max_turns bounds the model turns.
+        """
         params = params or {}
         m = SubmitRolloutsT()
         m.groupId = next(self._group_ids) if group_id is None else group_id
@@ -275,6 +315,29 @@ class Client:
         m.priority = priority
         m.clientTag = client_tag
         m.streamTokens = stream_tokens
+        tiers = {v: k for k, v in _TIER_NAMES.items()}
+        m.tools = []
+        for t in tools:
+            ts = ToolSpecT()
+            ts.name = t["name"]
+            ts.tier = tiers[t.get("tier", "function")]
+            ts.commandTemplate = t.get("command_template")
+            ts.function = t.get("function")
+            lim = ToolLimitsT()
+            for key, attr in (("wall_ms", "wallMs"), ("cpu_ms", "cpuMs"),
+                              ("memory_bytes", "memoryBytes"), ("output_bytes", "outputBytes"),
+                              ("processes", "processes"), ("network", "network")):
+                if key in t:
+                    setattr(lim, attr, t[key])
+            ts.limits = lim
+            m.tools.append(ts)
+        if not m.tools:
+            m.tools = None
+        m.toolOpen = tool_open
+        m.toolClose = tool_close
+        m.toolOpenId = tool_open_id
+        m.toolCloseId = tool_close_id
+        m.toolResultTemplate = tool_result_template
         g = Group(self, m.groupId)
         self._groups[m.groupId] = g
         self._send(Message.SubmitRollouts, m)
@@ -371,9 +434,13 @@ class Client:
             if g is not None:
                 ids = _vec(c, "Ids")
                 lps = _vec(c, "Logprobs")
+                inj = _vec(c, "InjectedIds")
                 g.chunks.append(TokenChunk(c.GroupId(), c.PromptIndex(), c.SampleIndex(),
-                                           c.PositionBegin(), np.asarray(ids, np.int32),
-                                           np.asarray(lps, np.float32), c.WeightVersion()))
+                                           c.PositionBegin(),
+                                           np.asarray([] if ids is None else ids, np.int32),
+                                           np.asarray([] if lps is None else lps, np.float32),
+                                           c.WeightVersion(),
+                                           None if inj is None else np.asarray(inj, np.int32)))
         elif t == Message.GroupDone:
             d = _GroupDone()
             d.Init(tab.Bytes, tab.Pos)

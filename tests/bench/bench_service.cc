@@ -34,6 +34,7 @@
 #include "engine/make_model.h"
 #include "rollout/client.h"
 #include "rollout/coordinator.h"
+#include "tests/bench/bench_flags.h"
 
 namespace {
 
@@ -271,40 +272,17 @@ void Bench(const Workload& w, const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (f == "--skip-110m") {
-      a.skip_110m = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "bench_service: %s needs a value (or is unknown)\n", f.c_str());
-      return 2;
-    }
-    const char* v = argv[++i];
-    if (f == "--models") {
-      a.models = v;
-    } else if (f == "--work") {
-      a.work = v;
-    } else if (f == "--reps") {
-      a.reps = std::atoi(v);
-    } else if (f == "--n") {
-      a.n = std::atoi(v);
-    } else if (f == "--trajectories") {
-      a.trajectories = std::atoi(v);
-    } else if (f == "--tokens") {
-      a.tokens = std::atoi(v);
-    } else if (f == "--prompt-len") {
-      a.prompt_len = std::atoi(v);
-    } else if (f == "--trajectories-110m") {
-      a.trajectories_110m = std::atoi(v);
-    } else if (f == "--tokens-110m") {
-      a.tokens_110m = std::atoi(v);
-    } else {
-      std::fprintf(stderr, "bench_service: unknown flag %s\n", f.c_str());
-      return 2;
-    }
-  }
+  bench::BenchFlags flags;
+  flags.strings = {{"--models", &a.models}, {"--work", &a.work}};
+  flags.ints = {{"--reps", &a.reps},
+                {"--n", &a.n},
+                {"--trajectories", &a.trajectories},
+                {"--tokens", &a.tokens},
+                {"--prompt-len", &a.prompt_len},
+                {"--trajectories-110m", &a.trajectories_110m},
+                {"--tokens-110m", &a.tokens_110m}};
+  flags.switches = {{"--skip-110m", &a.skip_110m}};
+  if (!flags.Parse("bench_service", argc, argv)) return 2;
   if (a.reps < 1 || a.n < 1 || a.trajectories < a.n || a.tokens < 1 || a.prompt_len < 1 ||
       a.trajectories_110m < a.n || a.tokens_110m < 1) {
     std::fprintf(stderr, "bench_service: sizes must be positive, trajectories >= n\n");

@@ -1,0 +1,130 @@
+// rollout/service_test_util.h: helpers for the service tests (header-only; tests only):
+//   - RunDirect: a SubmitRequest's samples run on an engine directly (no coordinator, no WAL): the
+//     uninterrupted reference the crash and fault tests compare with, bit for bit;
+//   - QueryWal: a running coordinator's StatusReply over a raw DEALER socket, for the WAL counters
+//     and sticky error (the C++ client's StatusInfo does not carry them);
+//   - SpawnQuiet: a child process (`bitroll serve`, `bitroll replica`) with stdout to /dev/null.
+#pragma once
+
+#include <fcntl.h>
+#include <spawn.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "engine/engine.h"
+#include "rollout/client.h"
+#include "rollout/protocol.h"
+
+extern "C" char** environ;
+
+namespace bitroll::rollout {
+
+// posix_spawn of args[0] with args, stdout to /dev/null (stderr kept); -1 on failure.
+inline pid_t SpawnQuiet(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+// (prompt index, sample index) -> generated ids and logprobs.
+using SampleKey = std::pair<uint32_t, uint32_t>;
+struct SampleOutput {
+  std::vector<int32_t> ids;
+  std::vector<float> lps;
+  bool operator==(const SampleOutput& o) const {  // memcmp: ids and logprob bits
+    return ids.size() == o.ids.size() && lps.size() == o.lps.size() &&
+           std::memcmp(ids.data(), o.ids.data(), 4 * ids.size()) == 0 &&
+           std::memcmp(lps.data(), o.lps.data(), 4 * lps.size()) == 0;
+  }
+};
+
+// Every sample of `r` (prompt ids only) on `e`, stepped to completion.
+inline std::map<SampleKey, SampleOutput> RunDirect(engine::Engine& e, const SubmitRequest& r) {
+  uint64_t id = 1;
+  std::map<uint64_t, SampleKey> keys;
+  for (uint32_t p = 0; p < r.prompts.size(); ++p) {
+    for (uint32_t j = 0; j < r.n; ++j) {
+      engine::SequenceRequest q;
+      q.id = id;
+      q.prompt = r.prompts[p];
+      q.sample_index = j;
+      q.sampling.temperature = r.temperature;
+      q.sampling.top_k = r.top_k;
+      q.sampling.top_p = r.top_p;
+      q.sampling.min_p = r.min_p;
+      q.sampling.seed = r.seed;
+      q.stop.max_tokens = r.max_tokens;
+      q.stop.stop_at_eos = r.stop_at_eos;
+      EXPECT_TRUE(e.Add(q).ok());
+      keys[id++] = {p, j};
+    }
+  }
+  std::map<SampleKey, SampleOutput> out;
+  while (e.HasWork()) {
+    auto s = e.Step();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) break;
+    for (auto& f : s->finished) out[keys[f.id]] = {f.tokens, f.logprobs};
+  }
+  return out;
+}
+
+struct WalStatus {
+  bool replied = false;  // a StatusReply arrived
+  bool ok = false;       // the WAL is enabled
+  uint64_t recovered = 0, forced = 0, mismatches = 0, resumed = 0, logged = 0, bytes = 0;
+  uint16_t error_code = 0;  // wire ErrorCode of the WAL's sticky error (0: none)
+  std::string error_message;
+};
+
+inline WalStatus QueryWal(const std::string& endpoint, int timeout_ms = 2000) {
+  WalStatus w;
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, timeout_ms);
+  s.connect(endpoint);
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto m = wire::CreateStatus(fbb);
+  FinishEnvelope(fbb, 99, wire::Message_Status, m.Union());
+  s.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()), zmq::send_flags::none);
+  zmq::message_t msg;
+  while (s.recv(msg, zmq::recv_flags::none)) {
+    std::vector<uint64_t> align;
+    auto env = DecodeEnvelope(AlignForRead(msg.data(), msg.size(), &align), msg.size(), {});
+    if (!env.ok() || (*env)->msg_type() != wire::Message_StatusReply) continue;
+    const auto* r = (*env)->msg_as_StatusReply();
+    w.replied = true;
+    w.ok = r->wal_enabled();
+    w.recovered = r->wal_recovered_tokens();
+    w.forced = r->wal_forced_tokens();
+    w.mismatches = r->wal_forced_mismatches();
+    w.resumed = r->wal_resumed();
+    w.logged = r->wal_tokens_logged();
+    w.bytes = r->wal_bytes();
+    if (const auto* e = r->wal_error()) {
+      w.error_code = e->code();
+      if (e->message()) w.error_message = e->message()->str();
+    }
+    break;
+  }
+  return w;
+}
+
+}  // namespace bitroll::rollout

@@ -161,9 +161,16 @@ std::map<Key, Traj> RunWithKills(const SubmitRequest& req, int kills, const std:
     }
     c->reset();
     if (!done) {
-      // Zero regeneration of logged work: every logged token of every recovered trajectory was
-      // re-dispatched as forced (and re-scored to the same bits).
-      const WalStatus ws = QueryWal(ep);
+      // Zero regeneration of logged work: every logged token of every recovered trajectory is
+      // re-dispatched as forced (and re-scored to the same bits). On a loaded machine the kill
+      // may come before the child has re-dispatched what it recovered; the kill then waits for
+      // the re-dispatch (at most 10 s), so the check covers every recovered token.
+      WalStatus ws = QueryWal(ep);
+      for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+           ws.replied && ws.forced < ws.recovered && std::chrono::steady_clock::now() < until;
+           ws = QueryWal(ep)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
       EXPECT_TRUE(ws.ok);
       EXPECT_EQ(ws.forced, ws.recovered) << "round " << round;
       EXPECT_EQ(ws.mismatches, 0u);

@@ -86,6 +86,9 @@ done
   --iterations 2 --groups 3 --n 8 --max-tokens 48 --temperature 1.0 --top-p 0.9 \
   --dump "$tmp/trajectories.jsonl"
 echo
+echo "== multi-turn rollouts with a tool: the model's text between \" was\" and \".\" is a call to echo =="
+/usr/bin/python3 "$root/examples/python/tool_rollout.py" --endpoint "$endpoint" --n 4
+echo
 echo "== bitroll cost: what every trajectory cost (price: \$2.50 per replica-hour) =="
 "$bitroll" cost "$tmp/trajectories.jsonl" --price-replica-hour 2.50 > "$tmp/cost.txt"
 sed -n '1,12p' "$tmp/cost.txt"

@@ -16,6 +16,7 @@
 
 #include "kernels/cpu/matmul.h"
 #include "tests/engine_test_util.h"
+#include "tests/invariance_checks.h"
 
 namespace bitroll {
 namespace {
@@ -38,27 +39,20 @@ SequenceOutput RunAlone(const EngineSetup& setup, const SequenceRequest& r) {
   return RunAll(*e, {r})[r.id];
 }
 
-// Runs the target inside batches of 2..64 random other requests at random positions and returns
-// how many runs gave bits different from the target run alone (0 = invariant).
+// The CPU engine factory of the shared checks (tests/invariance_checks.h): `base` with the step
+// budget the check asks for.
+testing_util::EngineFactory Cpu(const EngineSetup& base) {
+  return [base](int32_t max_step_tokens) -> std::unique_ptr<engine::Engine> {
+    EngineSetup s = base;
+    if (max_step_tokens > 0) s.max_step_tokens = max_step_tokens;
+    return MakeEngine(s);
+  };
+}
+
+const std::vector<int> kBatchSizes = {2, 3, 8, 17, 32, 64};
+
 int BatchCompositionMismatches(const EngineSetup& setup, const SamplingParams& sp) {
-  const SequenceOutput alone = RunAlone(setup, Target(7, sp));
-  EXPECT_FALSE(alone.tokens.empty());
-  int mismatches = 0;
-  std::mt19937 rng(42);
-  for (int batch : {2, 3, 8, 17, 32, 64}) {
-    std::vector<SequenceRequest> reqs;
-    for (int i = 0; i < batch - 1; ++i) {
-      reqs.push_back(RandomRequest(1000 + i, rng(), 512, 40, 40, sp));
-    }
-    const uint64_t target_id = std::uniform_int_distribution<uint64_t>(0, 5000)(rng) * 2 + 1;
-    const size_t at = std::uniform_int_distribution<size_t>(0, reqs.size())(rng);
-    reqs.insert(reqs.begin() + at, Target(target_id, sp));
-    auto e = MakeEngine(setup);
-    if (e == nullptr) return -1;
-    auto out = RunAll(*e, reqs);
-    if (!SameTrajectory(alone, out[target_id])) ++mismatches;
-  }
-  return mismatches;
+  return testing_util::BatchCompositionMismatches(Cpu(setup), sp, kBatchSizes);
 }
 
 TEST(Invariance, BatchCompositionGreedy) {
@@ -72,57 +66,17 @@ TEST(Invariance, BatchCompositionSampled) {
 }
 
 TEST(Invariance, EveryRequestOfABatchEqualsItsSoloRun) {
-  std::mt19937 rng(9);
-  std::vector<SequenceRequest> reqs;
-  for (int i = 0; i < 24; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 60, 32, Sampled()));
-  EngineSetup setup;
-  setup.max_step_tokens = 64;  // forces chunked prefill mixed with decode
-  auto e = MakeEngine(setup);
-  ASSERT_NE(e, nullptr);
-  auto batched = RunAll(*e, reqs);
-  for (const auto& r : reqs) {
-    EXPECT_TRUE(SameTrajectory(RunAlone(EngineSetup{}, r), batched[r.id])) << "request " << r.id;
-  }
+  testing_util::CheckEveryRequestOfABatchEqualsItsSoloRun(Cpu(EngineSetup{}));
 }
 
 TEST(Invariance, PrefillChunking) {
-  // A long prompt (several KV blocks and attention chunks), split into chunks of 1 token, one
-  // block, several blocks, and the whole prompt.
-  SequenceRequest r = Target(1, Sampled());
-  std::mt19937 rng(3);
-  for (int i = 0; i < 150; ++i)
-    r.prompt.push_back(std::uniform_int_distribution<int32_t>(3, 511)(rng));
-  EngineSetup whole;
-  whole.max_step_tokens = 4096;
-  const SequenceOutput ref = RunAlone(whole, r);
-  ASSERT_EQ(ref.tokens.size(), 48u);
-  for (int chunk : {1, 7, 16, 48, 100}) {
-    EngineSetup s;
-    s.max_step_tokens = chunk;
-    EXPECT_TRUE(SameTrajectory(ref, RunAlone(s, r))) << "chunk " << chunk;
-  }
+  testing_util::CheckPrefillChunking(Cpu(EngineSetup{}));
 }
 
 // p_vs_d: re-scoring a finished trajectory with one teacher-forced prefill reproduces every
 // recorded logprob bit, for greedy and sampled decoding, whole or chunked.
 TEST(Invariance, PrefillEqualsDecode) {
-  for (const SamplingParams& sp : {Greedy(), Sampled()}) {
-    SequenceRequest r = Target(1, sp);
-    r.stop.max_tokens = 120;
-    const SequenceOutput decoded = RunAlone(EngineSetup{}, r);
-    ASSERT_EQ(decoded.tokens.size(), 120u);
-    SequenceRequest rescore = r;
-    rescore.id = 2;
-    rescore.forced = decoded.tokens;
-    rescore.stop.max_tokens = static_cast<int32_t>(decoded.tokens.size());
-    for (int budget : {4096, 32, 5}) {
-      EngineSetup s;
-      s.max_step_tokens = budget;
-      const SequenceOutput scored = RunAlone(s, rescore);
-      EXPECT_TRUE(SameTrajectory(decoded, scored)) << "budget " << budget;
-      EXPECT_EQ(scored.cost.decode_tokens, 0) << "re-scoring must not decode";
-    }
-  }
+  testing_util::CheckPrefillEqualsDecode(Cpu(EngineSetup{}));
 }
 
 TEST(Invariance, ThreadsAndAttentionKernels) {
@@ -176,29 +130,9 @@ TEST(Invariance, WholeGenerationOnEveryIsa) {
 }
 
 TEST(Invariance, ThousandIdenticalRequestsGiveOneOutput) {
-  for (const SamplingParams& sp : {Greedy(), Sampled()}) {
-    std::vector<SequenceRequest> reqs;
-    for (int i = 0; i < 1000; ++i) {
-      SequenceRequest r = Target(i, sp);
-      r.stop.max_tokens = 24;
-      reqs.push_back(r);
-    }
-    EngineSetup s;
-    s.threads = 2;
-    s.max_step_tokens = 700;  // batches mix prefill and decode rows of many sequences
-    auto e = MakeEngine(s);
-    ASSERT_NE(e, nullptr);
-    auto out = RunAll(*e, reqs);
-    ASSERT_EQ(out.size(), 1000u);
-    std::set<std::vector<uint8_t>> unique;
-    for (const auto& [id, o] : out) {
-      std::vector<uint8_t> bytes(o.tokens.size() * 4 + o.logprobs.size() * 4);
-      std::memcpy(bytes.data(), o.tokens.data(), o.tokens.size() * 4);
-      std::memcpy(bytes.data() + o.tokens.size() * 4, o.logprobs.data(), o.logprobs.size() * 4);
-      unique.insert(bytes);
-    }
-    EXPECT_EQ(unique.size(), 1u) << "temperature " << sp.temperature;
-  }
+  EngineSetup s;
+  s.threads = 2;
+  testing_util::CheckThousandIdenticalRequests(Cpu(s));
 }
 
 // ---- negative controls ----

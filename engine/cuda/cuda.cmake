@@ -16,6 +16,7 @@ target_link_libraries(bitroll_engine PUBLIC bitroll_kernels_cuda)
 if(BITROLL_BUILD_TESTS)
   bitroll_add_test(NAME cuda_engine_test
     SOURCES ${_c}/cuda_engine_test.cc ${CMAKE_SOURCE_DIR}/tests/engine_test_util.cc
+      ${CMAKE_SOURCE_DIR}/tests/invariance_checks.cc
     LIBS bitroll_engine LABELS "cuda;gpu;engine" TIMEOUT 600)
 endif()
 

@@ -27,6 +27,7 @@
 #include "engine/cuda/cuda_transformer.h"
 #include "engine/engine.h"
 #include "tests/engine_test_util.h"
+#include "tests/invariance_checks.h"
 
 namespace bitroll {
 namespace {
@@ -147,28 +148,18 @@ SequenceOutput RunAloneGpu(const GpuSetup& s, const SequenceRequest& r) {
   return RunAll(*e, {r})[r.id];
 }
 
-// The target alone, then inside batches of `sizes` (other random requests, the target at a
-// random position); returns how many batched runs differ from the solo run (memcmp).
+// The GPU engine factory of the shared checks (tests/invariance_checks.h).
+testing_util::EngineFactory Gpu(const GpuSetup& base) {
+  return [base](int32_t max_step_tokens) -> std::unique_ptr<engine::Engine> {
+    GpuSetup s = base;
+    if (max_step_tokens > 0) s.max_step_tokens = max_step_tokens;
+    return MakeGpuEngine(s);
+  };
+}
+
 int BatchCompositionMismatches(const GpuSetup& setup, const SamplingParams& sp,
                                const std::vector<int>& sizes) {
-  const SequenceOutput alone = RunAloneGpu(setup, Target(7, sp));
-  EXPECT_EQ(alone.tokens.size(), 48u);
-  int mismatches = 0;
-  std::mt19937 rng(42);
-  for (int batch : sizes) {
-    std::vector<SequenceRequest> reqs;
-    for (int i = 0; i < batch - 1; ++i) {
-      reqs.push_back(RandomRequest(1000 + i, rng(), 512, 40, 40, sp));
-    }
-    const uint64_t target_id = std::uniform_int_distribution<uint64_t>(0, 5000)(rng) * 2 + 1;
-    const size_t at = std::uniform_int_distribution<size_t>(0, reqs.size())(rng);
-    reqs.insert(reqs.begin() + at, Target(target_id, sp));
-    auto e = MakeGpuEngine(setup);
-    if (e == nullptr) return -1;
-    auto out = RunAll(*e, reqs);
-    if (!SameTrajectory(alone, out[target_id])) ++mismatches;
-  }
-  return mismatches;
+  return testing_util::BatchCompositionMismatches(Gpu(setup), sp, sizes);
 }
 
 const std::vector<int> kBatchSizes = {2, 3, 8, 17, 64, 128, 256};
@@ -256,35 +247,12 @@ TEST(CudaEngineInvariance, BatchCompositionSampled) {
 
 TEST(CudaEngineInvariance, EveryRequestOfABatchEqualsItsSoloRun) {
   BR_REQUIRE_GPU();
-  std::mt19937 rng(9);
-  std::vector<SequenceRequest> reqs;
-  for (int i = 0; i < 24; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 60, 32, Sampled()));
-  GpuSetup setup;
-  setup.max_step_tokens = 64;  // chunked prefill mixed with decode
-  auto e = MakeGpuEngine(setup);
-  ASSERT_NE(e, nullptr);
-  auto batched = RunAll(*e, reqs);
-  for (const auto& r : reqs) {
-    EXPECT_TRUE(SameTrajectory(RunAloneGpu(GpuSetup{}, r), batched[r.id])) << "request " << r.id;
-  }
+  testing_util::CheckEveryRequestOfABatchEqualsItsSoloRun(Gpu(GpuSetup{}));
 }
 
 TEST(CudaEngineInvariance, PrefillChunking) {
   BR_REQUIRE_GPU();
-  SequenceRequest r = Target(1, Sampled());
-  std::mt19937 rng(3);
-  for (int i = 0; i < 150; ++i) {
-    r.prompt.push_back(std::uniform_int_distribution<int32_t>(3, 511)(rng));
-  }
-  GpuSetup whole;
-  whole.max_step_tokens = 4096;
-  const SequenceOutput ref = RunAloneGpu(whole, r);
-  ASSERT_EQ(ref.tokens.size(), 48u);
-  for (int chunk : {1, 7, 16, 48, 100}) {
-    GpuSetup s;
-    s.max_step_tokens = chunk;
-    EXPECT_TRUE(SameTrajectory(ref, RunAloneGpu(s, r))) << "chunk " << chunk;
-  }
+  testing_util::CheckPrefillChunking(Gpu(GpuSetup{}));
 }
 
 // Prefix-cache hits (a second run of the same prompt in one engine) and GRPO siblings sharing the
@@ -360,50 +328,14 @@ TEST(CudaEngineInvariance, AttentionKernelOneVsTwoForced) {
 // recorded logprob bit, whole or chunked.
 TEST(CudaEngineInvariance, PrefillEqualsDecode) {
   BR_REQUIRE_GPU();
-  for (const SamplingParams& sp : {Greedy(), Sampled()}) {
-    SequenceRequest r = Target(1, sp);
-    r.stop.max_tokens = 120;
-    const SequenceOutput decoded = RunAloneGpu(GpuSetup{}, r);
-    ASSERT_EQ(decoded.tokens.size(), 120u);
-    SequenceRequest rescore = r;
-    rescore.id = 2;
-    rescore.forced = decoded.tokens;
-    rescore.stop.max_tokens = static_cast<int32_t>(decoded.tokens.size());
-    for (int budget : {4096, 32, 5}) {
-      GpuSetup s;
-      s.max_step_tokens = budget;
-      const SequenceOutput scored = RunAloneGpu(s, rescore);
-      EXPECT_TRUE(SameTrajectory(decoded, scored)) << "budget " << budget;
-      EXPECT_EQ(scored.cost.decode_tokens, 0) << "re-scoring must not decode";
-    }
-  }
+  testing_util::CheckPrefillEqualsDecode(Gpu(GpuSetup{}));
 }
 
 TEST(CudaEngineInvariance, ThousandIdenticalRequestsGiveOneOutput) {
   BR_REQUIRE_GPU();
-  for (const SamplingParams& sp : {Greedy(), Sampled()}) {
-    std::vector<SequenceRequest> reqs;
-    for (int i = 0; i < 1000; ++i) {
-      SequenceRequest r = Target(i, sp);
-      r.stop.max_tokens = 24;
-      reqs.push_back(r);
-    }
-    GpuSetup s;
-    s.max_step_tokens = 700;
-    s.prefix_cache = false;  // every request computes its own prompt
-    auto e = MakeGpuEngine(s);
-    ASSERT_NE(e, nullptr);
-    auto out = RunAll(*e, reqs);
-    ASSERT_EQ(out.size(), 1000u);
-    std::set<std::vector<uint8_t>> unique;
-    for (const auto& [id, o] : out) {
-      std::vector<uint8_t> bytes(o.tokens.size() * 4 + o.logprobs.size() * 4);
-      std::memcpy(bytes.data(), o.tokens.data(), o.tokens.size() * 4);
-      std::memcpy(bytes.data() + o.tokens.size() * 4, o.logprobs.data(), o.logprobs.size() * 4);
-      unique.insert(bytes);
-    }
-    EXPECT_EQ(unique.size(), 1u) << "temperature " << sp.temperature;
-  }
+  GpuSetup s;
+  s.prefix_cache = false;  // every request computes its own prompt
+  testing_util::CheckThousandIdenticalRequests(Gpu(s));
 }
 
 TEST(CudaEngine, DiskTierIsRefusedAndFingerprintIsCuda) {

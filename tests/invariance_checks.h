@@ -1,0 +1,45 @@
+// The engine invariance checks, written once for every backend: each takes a factory of fresh
+// engines and compares trajectories with memcmp (SameTrajectory). tests/invariance_test.cc runs
+// them on the CPU engine, engine/cuda/cuda_engine_test.cc on the GPU backend, each with its own
+// negative controls.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace bitroll::testing_util {
+
+// A fresh engine whose step token budget is `max_step_tokens` (0: the factory's default). nullptr
+// fails the calling test.
+using EngineFactory = std::function<std::unique_ptr<engine::Engine>(int32_t max_step_tokens)>;
+
+// `r` alone in a fresh engine.
+engine::SequenceOutput RunAloneOn(const EngineFactory& make, int32_t max_step_tokens,
+                                  const engine::SequenceRequest& r);
+
+// The target (Target(7, sp)) alone, then inside batches of `sizes` random other requests at a
+// random position; the number of batched runs whose bits differ from the solo run (0 = invariant,
+// -1 = no engine).
+int BatchCompositionMismatches(const EngineFactory& make, const engine::SamplingParams& sp,
+                               const std::vector<int>& sizes);
+
+// 24 random requests in one engine with a 64-token step budget (chunked prefill mixed with
+// decode): each equals its solo run.
+void CheckEveryRequestOfABatchEqualsItsSoloRun(const EngineFactory& make);
+
+// A 155-token prompt prefilled whole and in chunks of 1, 7, 16, 48 and 100: identical bits.
+void CheckPrefillChunking(const EngineFactory& make);
+
+// p_vs_d: re-scoring a finished trajectory with its tokens forced reproduces every recorded
+// logprob bit, greedy and sampled, whole or in 32- and 5-token steps, without decoding.
+void CheckPrefillEqualsDecode(const EngineFactory& make);
+
+// 1000 identical requests (greedy, then sampled) in one engine with a 700-token step budget give
+// one unique output.
+void CheckThousandIdenticalRequests(const EngineFactory& make);
+
+}  // namespace bitroll::testing_util

@@ -29,7 +29,8 @@
 
 namespace bitroll::rollout {
 
-namespace {
+// Helpers of the coordinator's files (a named namespace: this header is included by several).
+namespace coordinator_internal {
 
 using Clock = std::chrono::steady_clock;
 
@@ -73,7 +74,12 @@ class RateMeter {
   std::deque<std::pair<Clock::time_point, int64_t>> buckets_;
 };
 
-}  // namespace
+}  // namespace coordinator_internal
+
+using coordinator_internal::Clock;
+using coordinator_internal::HashBytes;
+using coordinator_internal::RateMeter;
+using coordinator_internal::Seconds;
 
 struct Coordinator::State {
   struct Group {

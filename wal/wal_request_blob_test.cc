@@ -52,7 +52,9 @@ void WriteGroup(Wal& w, int group, bool finish) {
     const int32_t tok = 7;
     const float lp = -0.5f;
     ASSERT_TRUE(w.AppendTokens(id, {&tok, 1}, {&lp, 1}, 1).ok());
-    if (finish) ASSERT_TRUE(w.AppendFinish(id, 1, "").ok());
+    if (finish) {
+      ASSERT_TRUE(w.AppendFinish(id, 1, "").ok());
+    }
   }
 }
 

@@ -20,8 +20,15 @@ constexpr const char* kRoot = "/sys/fs/cgroup";
 bool WriteFile(const std::string& path, const std::string& value) {
   int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  ssize_t n = write(fd, value.data(), value.size());
+  // v1 memory limits check for pending signals first: retry an interrupted write.
+  ssize_t n;
+  int tries = 0;
+  do {
+    n = write(fd, value.data(), value.size());
+  } while (n < 0 && errno == EINTR && ++tries < 100);
+  const int saved = errno;
   close(fd);
+  errno = saved;
   return n == static_cast<ssize_t>(value.size());
 }
 
@@ -160,30 +167,44 @@ Result<std::unique_ptr<RunCgroup>> RunCgroup::Create(const CgroupSupport& suppor
     cg->memory_dir_ = support.memory_parent + leaf;
     cg->pids_dir_ = cg->memory_dir_;
     BR_RETURN_IF_ERROR(make(cg->memory_dir_));
-    if (!WriteFile(cg->memory_dir_ + "/memory.max", std::to_string(memory_bytes)) ||
-        !WriteFile(cg->memory_dir_ + "/pids.max", std::to_string(max_pids))) {
-      return Status::IoError("cannot set limits in " + cg->memory_dir_);
-    }
     WriteFile(cg->memory_dir_ + "/memory.swap.max", "0");
-    return cg;
-  }
-  if (!support.memory_parent.empty()) {
-    cg->memory_dir_ = support.memory_parent + leaf;
-    BR_RETURN_IF_ERROR(make(cg->memory_dir_));
-    if (!WriteFile(cg->memory_dir_ + "/memory.limit_in_bytes", std::to_string(memory_bytes))) {
-      return Status::IoError("cannot set memory.limit_in_bytes in " + cg->memory_dir_);
+  } else {
+    if (!support.memory_parent.empty()) {
+      cg->memory_dir_ = support.memory_parent + leaf;
+      BR_RETURN_IF_ERROR(make(cg->memory_dir_));
     }
-    // Fails harmlessly where swap accounting is off.
-    WriteFile(cg->memory_dir_ + "/memory.memsw.limit_in_bytes", std::to_string(memory_bytes));
-  }
-  if (!support.pids_parent.empty()) {
-    cg->pids_dir_ = support.pids_parent + leaf;
-    BR_RETURN_IF_ERROR(make(cg->pids_dir_));
-    if (!WriteFile(cg->pids_dir_ + "/pids.max", std::to_string(max_pids))) {
-      return Status::IoError("cannot set pids.max in " + cg->pids_dir_);
+    if (!support.pids_parent.empty()) {
+      cg->pids_dir_ = support.pids_parent + leaf;
+      BR_RETURN_IF_ERROR(make(cg->pids_dir_));
     }
   }
+  BR_RETURN_IF_ERROR(cg->SetLimits(memory_bytes, max_pids));
   return cg;
+}
+
+Status RunCgroup::SetLimits(uint64_t memory_bytes, uint32_t max_pids) {
+  if (version_ == 2) {
+    if (!WriteFile(memory_dir_ + "/memory.max", std::to_string(memory_bytes)) ||
+        !WriteFile(pids_dir_ + "/pids.max", std::to_string(max_pids))) {
+      return Status::IoError("cannot set limits in " + memory_dir_);
+    }
+    return Status::Ok();
+  }
+  if (!memory_dir_.empty()) {
+    // memsw must stay >= the memory limit: raise it first when growing, lower it after when
+    // shrinking (one of the two memsw writes fails harmlessly; both where swap accounting is off).
+    const std::string v = std::to_string(memory_bytes);
+    WriteFile(memory_dir_ + "/memory.memsw.limit_in_bytes", v);
+    if (!WriteFile(memory_dir_ + "/memory.limit_in_bytes", v)) {
+      return Status::IoError("cannot set memory.limit_in_bytes in " + memory_dir_ + ": " +
+                             std::strerror(errno));
+    }
+    WriteFile(memory_dir_ + "/memory.memsw.limit_in_bytes", v);
+  }
+  if (!pids_dir_.empty() && !WriteFile(pids_dir_ + "/pids.max", std::to_string(max_pids))) {
+    return Status::IoError("cannot set pids.max in " + pids_dir_);
+  }
+  return Status::Ok();
 }
 
 RunCgroup::~RunCgroup() {

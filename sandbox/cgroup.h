@@ -32,6 +32,8 @@ class RunCgroup {
   static Result<std::unique_ptr<RunCgroup>> Create(const CgroupSupport& support,
                                                    const std::string& name, uint64_t memory_bytes,
                                                    uint32_t max_pids);
+  // Sets (or changes, before any member joined) the memory and pids limits.
+  Status SetLimits(uint64_t memory_bytes, uint32_t max_pids);
   // Kills every member and removes the cgroup folders.
   ~RunCgroup();
 

@@ -7,6 +7,15 @@
 //     ARGV with exactly the --env variables. When the tool exits the helper kills whatever is
 //     left under the run's uid, reaps every orphan, and exits with the tool's exit status (or
 //     dies by the same signal).
+//   bitroll-sandbox-helper park [--uid N --gid N --cgroup F --workdir DIR --netns] (pre-warmed)
+//     Does what does not depend on the request (closes inherited fds, new session, child
+//     subreaper, and with --netns a private network namespace for itself and so for the tool),
+//     then waits on fd 3, an AF_UNIX stream socket, for ONE request: a little-endian uint64 byte
+//     count sent with SCM_RIGHTS fds [stdin, stdout, stderr, status, extra (optional)], then that
+//     many bytes of NUL-terminated exec options (everything but the park options, ending in
+//     "--" ARGV). It answers one byte 'A' on the socket once it holds the request, puts the fds
+//     at 0, 1, 2, 3 (status) and --keep-fd (extra), and carries on exactly as exec. EOF on the
+//     socket (the service evicts it) makes it exit 0 without running anything.
 //   bitroll-sandbox-helper killuid UID
 //     Becomes UID and SIGKILLs every process of that uid (kill(-1)) until none is left.
 //
@@ -32,6 +41,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -160,6 +170,159 @@ int KillUid(const char* uid_text) {
   return 0;
 }
 
+// Options of exec (and of park: its own plus the request's).
+struct Options {
+  std::string workdir, seccomp_mode = "none";
+  long long uid = -1, gid = -1, keep_fd = -1;
+  long long cpu = -1, as = -1, nproc = -1, fsize = -1, nofile = 256;
+  bool netns = false, allow_sockets = false;
+  std::vector<std::string> cgroups, env, ro, rw;
+  std::vector<std::string> args;  // the command, after "--"
+};
+
+// Parses options from args[i...]. With need_command, "--" and a command must follow.
+void Parse(const std::vector<std::string>& v, size_t i, bool need_command, Options* o) {
+  for (; i < v.size(); ++i) {
+    const std::string& a = v[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "--netns") {
+      o->netns = true;
+      continue;
+    }
+    if (a == "--allow-sockets") {
+      o->allow_sockets = true;
+      continue;
+    }
+    if (i + 1 >= v.size()) Fail("missing value for " + a);
+    const char* val = v[++i].c_str();
+    if (a == "--workdir")
+      o->workdir = val;
+    else if (a == "--uid")
+      o->uid = static_cast<long long>(ToU64(val, "uid"));
+    else if (a == "--gid")
+      o->gid = static_cast<long long>(ToU64(val, "gid"));
+    else if (a == "--cgroup")
+      o->cgroups.push_back(val);
+    else if (a == "--cpu")
+      o->cpu = static_cast<long long>(ToU64(val, "cpu"));
+    else if (a == "--as")
+      o->as = static_cast<long long>(ToU64(val, "as"));
+    else if (a == "--nproc")
+      o->nproc = static_cast<long long>(ToU64(val, "nproc"));
+    else if (a == "--fsize")
+      o->fsize = static_cast<long long>(ToU64(val, "fsize"));
+    else if (a == "--nofile")
+      o->nofile = static_cast<long long>(ToU64(val, "nofile"));
+    else if (a == "--seccomp")
+      o->seccomp_mode = val;
+    else if (a == "--landlock-ro")
+      o->ro.push_back(val);
+    else if (a == "--landlock-rw")
+      o->rw.push_back(val);
+    else if (a == "--env")
+      o->env.push_back(val);
+    else if (a == "--keep-fd")
+      o->keep_fd = static_cast<long long>(ToU64(val, "keep-fd"));
+    else
+      Fail("unknown option " + a);
+  }
+  if (need_command) {
+    if (i >= v.size()) Fail("no command after --");
+    o->args.assign(v.begin() + static_cast<long>(i), v.end());
+  } else if (i < v.size()) {
+    Fail("park takes no command");
+  }
+}
+
+// Closes every fd above 3 but keep_fd.
+void CloseOtherFds(long long keep_fd) {
+  if (keep_fd >= 4) {
+    if (keep_fd > 4) syscall(SYS_close_range, 4u, static_cast<unsigned>(keep_fd - 1), 0u);
+    syscall(SYS_close_range, static_cast<unsigned>(keep_fd + 1), ~0u, 0u);
+  } else {
+    syscall(SYS_close_range, 4u, ~0u, 0u);
+  }
+}
+
+// New session, no core files, child subreaper, dies with the service.
+void BecomeRunInit(pid_t parent) {
+  if (setsid() < 0) Fail("setsid", errno);
+  SetLimit(RLIMIT_CORE, 0, 0, "core");
+  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (getppid() != parent) Fail("the service died");
+}
+
+bool ReadFull(int fd, char* p, size_t n) {
+  while (n > 0) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// park: waits on fd 3 for one request; returns its options (the fds are in place).
+// Exits 0 on EOF (evicted before any request).
+std::vector<std::string> AwaitRequest() {
+  uint64_t len = 0;
+  char cbuf[CMSG_SPACE(sizeof(int) * 5)];
+  struct iovec iov = {&len, sizeof(len)};
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = cbuf;
+  msg.msg_controllen = sizeof(cbuf);
+  ssize_t r;
+  do {
+    r = recvmsg(3, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) _exit(0);
+  if (r != static_cast<ssize_t>(sizeof(len))) _exit(126);  // no status pipe yet to report on
+  std::vector<int> fds;
+  for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
+      fds.assign(p, p + n);
+    }
+  }
+  if (fds.size() < 4 || len > (64ull << 20)) _exit(126);
+  std::string body(len, '\0');
+  if (!ReadFull(3, body.data(), body.size())) _exit(126);
+  const char ack = 'A';
+  if (write(3, &ack, 1) != 1) _exit(126);
+  // The received fds are all >= 4 (0-3 are taken), so these dup2s clobber none of them.
+  for (int fd = 0; fd < 4; ++fd) {
+    if (dup2(fds[static_cast<size_t>(fd)], fd) < 0) _exit(126);  // dup2 onto 3 closes the socket
+  }
+  fcntl(3, F_SETFD, FD_CLOEXEC);  // the status pipe closes on exec, as in exec mode
+  std::vector<std::string> args;
+  size_t start = 0;
+  while (start < body.size()) {
+    size_t end = body.find('\0', start);
+    if (end == std::string::npos) end = body.size();
+    args.push_back(body.substr(start, end - start));
+    start = end + 1;
+  }
+  // The extra pipe goes to the --keep-fd number the request names.
+  Options probe;
+  for (size_t i = 0; i + 1 < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "--keep-fd")
+      probe.keep_fd = static_cast<long long>(ToU64(args[i + 1].c_str(), "keep-fd"));
+  }
+  if (fds.size() >= 5 && probe.keep_fd >= 4) {
+    if (dup2(fds[4], static_cast<int>(probe.keep_fd)) < 0) Fail("dup2 extra fd", errno);
+    fcntl(static_cast<int>(probe.keep_fd), F_SETFD, 0);  // kept across exec (bwrap reads it)
+  }
+  return args;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,81 +331,49 @@ int main(int argc, char** argv) {
   }
   const pid_t parent = getppid();
   if (argc >= 3 && std::strcmp(argv[1], "killuid") == 0) return KillUid(argv[2]);
-  if (argc < 2 || std::strcmp(argv[1], "exec") != 0) Fail("usage: exec [options] -- ARGV");
-
-  std::string workdir, seccomp_mode = "none";
-  long long uid = -1, gid = -1, keep_fd = -1;
-  long long cpu = -1, as = -1, nproc = -1, fsize = -1, nofile = 256;
-  bool netns = false, allow_sockets = false;
-  std::vector<std::string> cgroups, env, ro, rw;
-  int i = 2;
-  for (; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a == "--netns") {
-      netns = true;
-      continue;
-    }
-    if (a == "--allow-sockets") {
-      allow_sockets = true;
-      continue;
-    }
-    if (i + 1 >= argc) Fail("missing value for " + a);
-    const char* v = argv[++i];
-    if (a == "--workdir")
-      workdir = v;
-    else if (a == "--uid")
-      uid = static_cast<long long>(ToU64(v, "uid"));
-    else if (a == "--gid")
-      gid = static_cast<long long>(ToU64(v, "gid"));
-    else if (a == "--cgroup")
-      cgroups.push_back(v);
-    else if (a == "--cpu")
-      cpu = static_cast<long long>(ToU64(v, "cpu"));
-    else if (a == "--as")
-      as = static_cast<long long>(ToU64(v, "as"));
-    else if (a == "--nproc")
-      nproc = static_cast<long long>(ToU64(v, "nproc"));
-    else if (a == "--fsize")
-      fsize = static_cast<long long>(ToU64(v, "fsize"));
-    else if (a == "--nofile")
-      nofile = static_cast<long long>(ToU64(v, "nofile"));
-    else if (a == "--seccomp")
-      seccomp_mode = v;
-    else if (a == "--landlock-ro")
-      ro.push_back(v);
-    else if (a == "--landlock-rw")
-      rw.push_back(v);
-    else if (a == "--env")
-      env.push_back(v);
-    else if (a == "--keep-fd")
-      keep_fd = static_cast<long long>(ToU64(v, "keep-fd"));
-    else
-      Fail("unknown option " + a);
+  const bool park = argc >= 2 && std::strcmp(argv[1], "park") == 0;
+  if (argc < 2 || (!park && std::strcmp(argv[1], "exec") != 0)) {
+    Fail("usage: exec [options] -- ARGV | park [options]");
   }
-  if (i >= argc) Fail("no command after --");
-  std::vector<std::string> args(argv + i, argv + argc);
-
-  // Nothing the service had open leaks into the sandbox.
-  if (keep_fd >= 4) {
-    if (keep_fd > 4) syscall(SYS_close_range, 4u, static_cast<unsigned>(keep_fd - 1), 0u);
-    syscall(SYS_close_range, static_cast<unsigned>(keep_fd + 1), ~0u, 0u);
+  std::vector<std::string> cli(argv, argv + argc);
+  Options o;
+  if (park) {
+    Parse(cli, 2, false, &o);
+    // Everything that does not depend on the request, then wait for it.
+    CloseOtherFds(-1);
+    BecomeRunInit(parent);
+    if (o.netns && unshare(CLONE_NEWNET) != 0) _exit(126);
+    o.netns = false;  // done: the tool inherits the namespace
+    const Options parked = o;
+    std::vector<std::string> req = AwaitRequest();
+    Parse(req, 0, true, &o);
+    // The slot was fixed at park time: a request may not move it.
+    if (o.netns || o.uid != parked.uid || o.gid != parked.gid || o.workdir != parked.workdir ||
+        o.cgroups != parked.cgroups) {
+      Fail("--netns, --uid, --gid, --workdir and --cgroup come with park, not with the request");
+    }
+    CloseOtherFds(o.keep_fd);
   } else {
-    syscall(SYS_close_range, 4u, ~0u, 0u);
+    Parse(cli, 2, true, &o);
+    // Nothing the service had open leaks into the sandbox.
+    CloseOtherFds(o.keep_fd);
+    BecomeRunInit(parent);
   }
+  const std::string& workdir = o.workdir;
+  const std::string& seccomp_mode = o.seccomp_mode;
+  const long long uid = o.uid, gid = o.gid, keep_fd = o.keep_fd;
+  const long long cpu = o.cpu, as = o.as, nproc = o.nproc, fsize = o.fsize, nofile = o.nofile;
+  const bool netns = o.netns, allow_sockets = o.allow_sockets;
+  const std::vector<std::string>& cgroups = o.cgroups;
+  std::vector<std::string>& env = o.env;
+  const std::vector<std::string>& ro = o.ro;
+  const std::vector<std::string>& rw = o.rw;
+  std::vector<std::string>& args = o.args;
 
   // The helper stays as the run's init: a child subreaper that reaps every orphan of the tool
   // (so no zombie is left to a pid 1 that may not reap), sweeps survivors once the tool has
   // exited, and exits with the tool's status. Only the child joins the cgroups and drops
   // privileges, so a cgroup or uid sweep never hits the helper itself.
-  if (setsid() < 0) Fail("setsid", errno);
-  SetLimit(RLIMIT_CORE, 0, 0, "core");
-  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-  if (getppid() != parent) Fail("the service died");
   const pid_t helper_pid = getpid();
   pid_t child = fork();
   if (child < 0) Fail("fork", errno);

@@ -228,11 +228,18 @@ Sandbox::Sandbox(SandboxOptions options) : impl_(new Impl) {
 }
 
 Sandbox::~Sandbox() {
+  impl_->PoolShutdown();
   {
     std::lock_guard<std::mutex> lock(impl_->pool->mu);
     impl_->pool->stop = true;
   }
   impl_->pool->cv.notify_all();
+}
+
+PoolStats Sandbox::Pool(Tier tier) const {
+  if (tier != Tier::kProcess && tier != Tier::kContainer) return PoolStats{};
+  std::lock_guard<std::mutex> lock(impl_->warm.mu);
+  return impl_->warm.stats[tier == Tier::kContainer ? 1 : 0];
 }
 
 const SandboxOptions& Sandbox::options() const {
@@ -299,6 +306,7 @@ Status Sandbox::TierAvailable(Tier tier) {
                             : pr.status.ToString()));
       }
     });
+    if (m.probe_status[t].ok()) m.PoolStart(tier);
     return m.probe_status[t];
   }
   return Status::Ok();
@@ -472,30 +480,29 @@ void Sandbox::Impl::Classify(const SpawnOutcome& o, RunCgroup* cgroup, const Req
 }
 
 void Sandbox::Impl::RunProcessOrContainer(const Request& req, RunResult* r) {
+  // A parked helper found dead costs nothing but the retry: the next one, or a cold start.
+  while (!RunCommandOnce(req, r)) {
+    *r = RunResult{};
+    r->tier = req.tier;
+    r->limits = req.limits;
+  }
+}
+
+std::vector<std::string> Sandbox::Impl::SlotArgs(const RunSlot& rs, bool netns) const {
+  std::vector<std::string> a = {
+      "--uid", std::to_string(rs.uid), "--gid", std::to_string(rs.uid), "--workdir", rs.wd->path()};
+  if (rs.cgroup) {
+    for (const std::string& f : rs.cgroup->ProcsFiles()) a.insert(a.end(), {"--cgroup", f});
+  }
+  if (netns) a.push_back("--netns");
+  return a;
+}
+
+std::vector<std::string> Sandbox::Impl::RequestArgs(const Request& req,
+                                                    const std::string& dir) const {
   const Limits& l = req.limits;
   const bool container = req.tier == Tier::kContainer;
-  const uint32_t slot = AcquireSlot();
-  struct SlotGuard {
-    Impl* m;
-    uint32_t s;
-    ~SlotGuard() { m->ReleaseSlot(s); }
-  } slot_guard{this, slot};
-  const uint32_t uid = opt.uid_base + slot;
-
-  auto wd = Workdir::Create(work_root, uid, uid, req.files);
-  if (!wd.ok()) return SetError(r, SandboxError::kInternal, wd.status().message());
-  std::unique_ptr<RunCgroup> cgroup;
-  if (cg.version > 0) {
-    auto c = RunCgroup::Create(cg, RunName(), l.memory_bytes, l.max_processes);
-    if (!c.ok()) return SetError(r, SandboxError::kInternal, c.status().message());
-    cgroup = std::move(c).value();
-  }
-  const std::string& dir = (*wd)->path();
-  std::vector<std::string> a = {
-      helper, "exec", "--uid", std::to_string(uid), "--gid", std::to_string(uid)};
-  if (cgroup) {
-    for (const std::string& f : cgroup->ProcsFiles()) a.insert(a.end(), {"--cgroup", f});
-  }
+  std::vector<std::string> a;
   auto add = [&a](const char* k, uint64_t v) { a.insert(a.end(), {k, std::to_string(v)}); };
   add("--cpu", static_cast<uint64_t>(std::ceil(l.cpu_seconds)));
   // With a pids cgroup RLIMIT_NPROC is only a backstop, so the cgroup (which reports hits)
@@ -507,8 +514,7 @@ void Sandbox::Impl::RunProcessOrContainer(const Request& req, RunResult* r) {
   std::vector<std::string> env = {std::string("PATH=") + kToolPath, "LANG=C.UTF-8"};
   if (!container) {
     // Process tier: Landlock keeps the tool to read-only system folders and its workdir.
-    if (!l.allow_network) a.push_back("--netns");
-    a.insert(a.end(), {"--seccomp", "exec", "--workdir", dir});
+    a.insert(a.end(), {"--seccomp", "exec"});
     for (const char* p : {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt", "/proc",
                           "/dev/urandom", "/dev/random"}) {
       a.insert(a.end(), {"--landlock-ro", p});
@@ -523,8 +529,8 @@ void Sandbox::Impl::RunProcessOrContainer(const Request& req, RunResult* r) {
     for (const std::string& e : env) a.insert(a.end(), {"--env", e});
     a.push_back("--");
   } else {
-    a.insert(a.end(), {"--seccomp", "bwrap", "--keep-fd", "4", "--workdir", dir, "--env", env[0],
-                       "--", bwrap, "--unshare-all"});
+    a.insert(a.end(), {"--seccomp", "bwrap", "--keep-fd", "4", "--env", env[0], "--", bwrap,
+                       "--unshare-all"});
     if (l.allow_network) a.push_back("--share-net");
     a.insert(a.end(),
              {"--die-with-parent", "--cap-drop", "ALL", "--clearenv", "--new-session",
@@ -559,17 +565,67 @@ void Sandbox::Impl::RunProcessOrContainer(const Request& req, RunResult* r) {
     a.push_back("--");
   }
   a.insert(a.end(), req.argv.begin(), req.argv.end());
+  return a;
+}
 
+bool Sandbox::Impl::RunCommandOnce(const Request& req, RunResult* r) {
+  const Limits& l = req.limits;
+  const bool container = req.tier == Tier::kContainer;
+  std::unique_ptr<Parked> warm_helper = PoolTake(req);
+  RunSlot cold;
+  RunSlot& rs = warm_helper ? warm_helper->rs : cold;
   SpawnSpec spec;
-  spec.argv = std::move(a);
+  if (warm_helper) {
+    // The slot, workdir and cgroup were made at park time: add the request's files and limits.
+    Status s = rs.wd->AddFiles(req.files, rs.uid, rs.uid);
+    if (s.ok() && rs.cgroup) s = rs.cgroup->SetLimits(l.memory_bytes, l.max_processes);
+    if (!s.ok()) {
+      SetError(r, SandboxError::kInternal, s.message());
+      return true;
+    }
+    spec.argv = {helper};
+    std::vector<std::string> ra = RequestArgs(req, rs.wd->path());
+    spec.argv.insert(spec.argv.end(), ra.begin(), ra.end());
+    spec.parked = &warm_helper->helper;
+  } else {
+    PoolCount(req.tier, &PoolStats::cold_runs);
+    cold.slot = AcquireSlot();
+    cold.release = [this](uint32_t s) { ReleaseSlot(s); };
+    cold.uid = opt.uid_base + cold.slot;
+    auto wd = Workdir::Create(work_root, cold.uid, cold.uid, req.files);
+    if (!wd.ok()) {
+      SetError(r, SandboxError::kInternal, wd.status().message());
+      return true;
+    }
+    cold.wd = std::move(wd).value();
+    if (cg.version > 0) {
+      auto c = RunCgroup::Create(cg, RunName(), l.memory_bytes, l.max_processes);
+      if (!c.ok()) {
+        SetError(r, SandboxError::kInternal, c.status().message());
+        return true;
+      }
+      cold.cgroup = std::move(c).value();
+    }
+    spec.argv = {helper, "exec"};
+    std::vector<std::string> sa = SlotArgs(cold, !container && !l.allow_network);
+    std::vector<std::string> ra = RequestArgs(req, cold.wd->path());
+    spec.argv.insert(spec.argv.end(), sa.begin(), sa.end());
+    spec.argv.insert(spec.argv.end(), ra.begin(), ra.end());
+  }
+  RunCgroup* cgroup = rs.cgroup.get();
   spec.stdin_data = req.stdin_data;
   spec.wall_seconds = l.wall_seconds;
   spec.max_stdout = l.max_output_bytes;
   spec.max_stderr = l.max_output_bytes;
-  spec.cgroup = cgroup.get();
-  spec.sweep_uid = cgroup && !cg.pids_parent.empty() ? 0 : uid;
+  spec.cgroup = cgroup;
+  spec.sweep_uid = cgroup && !cg.pids_parent.empty() ? 0 : rs.uid;
   if (container) spec.extra_fd = 4;
   SpawnOutcome o = SpawnAndWait(spec);
+  if (o.parked_lost) {
+    PoolCount(req.tier, &PoolStats::lost);
+    return false;
+  }
+  if (warm_helper) PoolCount(req.tier, &PoolStats::warm_runs);
   r->usage.wall_seconds = o.wall_seconds;
   r->usage.cpu_seconds = o.cpu_seconds;
   r->usage.max_rss_bytes = std::max(o.max_rss_bytes, cgroup ? cgroup->PeakMemoryBytes() : 0);
@@ -578,7 +634,8 @@ void Sandbox::Impl::RunProcessOrContainer(const Request& req, RunResult* r) {
   r->stdout_truncated = o.out_truncated;
   r->stderr_truncated = o.err_truncated;
   if (!o.started) {
-    return SetError(r, SandboxError::kSpawnFailure, o.start_error);
+    SetError(r, SandboxError::kSpawnFailure, o.start_error);
+    return true;
   }
   if (container) {
     // bwrap reports {"child-pid": N} once the sandbox is up; without it bwrap itself failed.
@@ -586,7 +643,8 @@ void Sandbox::Impl::RunProcessOrContainer(const Request& req, RunResult* r) {
     bool exec_failed =
         o.exited && o.exit_code == 1 && r->stderr_data.rfind("bwrap: execvp ", 0) == 0;
     if ((!up || exec_failed) && !o.timed_out && !o.output_overflow) {
-      return SetError(r, SandboxError::kSpawnFailure, "bubblewrap: " + r->stderr_data);
+      SetError(r, SandboxError::kSpawnFailure, "bubblewrap: " + r->stderr_data);
+      return true;
     }
     // bwrap exits with 128 + N when its child dies by signal N (the shell convention).
     if (o.exited && o.exit_code > 128 && o.exit_code <= 128 + 64) {
@@ -595,8 +653,9 @@ void Sandbox::Impl::RunProcessOrContainer(const Request& req, RunResult* r) {
       o.exit_code = -1;
     }
   }
-  Classify(o, cgroup.get(), req, r);
-  r->files = (*wd)->Collect(req.output_files, l.max_file_bytes);
+  Classify(o, cgroup, req, r);
+  r->files = rs.wd->Collect(req.output_files, l.max_file_bytes);
+  return true;
 }
 
 }  // namespace bitroll::sandbox

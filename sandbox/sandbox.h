@@ -32,6 +32,15 @@
 // reaped, when Run() returns. On a wall timeout or output overflow the service kills the
 // cgroup (or sweeps the uid).
 //
+// Pre-warmed helpers (SandboxOptions::prewarm): from a tier's first use on, a background thread
+// keeps that many helpers already spawned per tier, each with its run slot (uid, cgroup,
+// workdir) reserved and everything that does not depend on the request done (new session,
+// subreaper; process tier: a private network namespace), parked on a socket. Run() hands one
+// the request and the stdio pipes (SCM_RIGHTS) instead of spawning; a helper serves exactly one
+// run, so isolation is the same as a cold run's. A request a parked helper cannot serve
+// (process tier with allow_network) or a parked helper found dead runs cold. A cold run that
+// finds every slot parked evicts a parked helper.
+//
 // Requires root (the helper switches to the per-run uids and joins cgroups); otherwise the
 // command tiers report kUnavailable. Disk use of the workdir is capped per file
 // (Limits::max_file_bytes), not in total: point SandboxOptions::work_root at a size-limited
@@ -209,6 +218,22 @@ struct SandboxOptions {
   double vm_boot_seconds = 60.0;
   // Probe /dev/kvm with a real boot before using it; off means always TCG.
   bool vm_try_kvm = true;
+  // Pre-warmed helpers kept parked per tier (0: off, every run spawns its helper). They hold
+  // run slots (max_concurrent), root-owned helper processes and empty workdirs while parked.
+  struct Prewarm {
+    uint32_t process = 2;
+    uint32_t container = 2;
+  };
+  Prewarm prewarm;
+};
+
+// Counters of the pre-warmed pool of one tier.
+struct PoolStats {
+  uint32_t parked = 0;     // helpers parked now
+  uint64_t warm_runs = 0;  // runs served by a parked helper
+  uint64_t cold_runs = 0;  // runs that spawned their own helper (pool empty, off, or unsuitable)
+  uint64_t lost = 0;       // parked helpers found dead (and replaced)
+  uint64_t evicted = 0;    // parked helpers killed to free a slot for a cold run
 };
 
 class Sandbox {
@@ -217,6 +242,7 @@ class Sandbox {
   // helper, bwrap) happens here; the KVM probe boot happens on the first VM run.
   explicit Sandbox(SandboxOptions options = {});
   // REQUIRES: no Run() in flight. Abandoned function handlers keep running on their own.
+  // Kills and reaps every parked helper and removes their workdirs and cgroups.
   ~Sandbox();
   Sandbox(const Sandbox&) = delete;
   Sandbox& operator=(const Sandbox&) = delete;
@@ -231,6 +257,9 @@ class Sandbox {
 
   // OK when `tier` can run here, else kUnavailable with the reason (e.g. the script to run).
   Status TierAvailable(Tier tier);
+
+  // The pre-warmed pool of a process or container tier (zeros for the others).
+  PoolStats Pool(Tier tier) const;
 
   const SandboxOptions& options() const;
   // "cgroup-v2", "cgroup-v1" or "rlimits": how process/container memory and pids are limited.

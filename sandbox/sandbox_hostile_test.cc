@@ -30,7 +30,10 @@ class Hostile : public ::testing::TestWithParam<Tier> {
   void SetUp() override { SKIP_IF_TIER_UNAVAILABLE(sb_, GetParam()); }
   void TearDown() override {
     EXPECT_TRUE(SandboxProcesses(sb_.options()).empty()) << "a sandboxed process survived";
+    if (expect_warm_) testing::ExpectWarmRunIfPooled(sb_, GetParam());
   }
+  // False for a pooled case that must run cold (a process-tier run with the network on).
+  bool expect_warm_ = true;
   // Tight limits for hostile code.
   Request Cmd(std::string script) {
     Request r;
@@ -151,6 +154,7 @@ TEST_P(HostileLocal, NegativeControlNetworkAllowedDoesConnect) {
   LoopbackServer server;
   Request r = Cmd(ConnectScript(server.port, false));
   r.limits.allow_network = true;
+  expect_warm_ = GetParam() != Tier::kProcess;  // parked process helpers have no network
   RunResult res = sb_.Run(r);
   EXPECT_NE(res.stdout_data.find("CONNECTED"), std::string::npos) << res.stderr_data;
   EXPECT_TRUE(server.Accepted());
@@ -267,6 +271,7 @@ class HostileNoCgroup : public ::testing::TestWithParam<Tier> {
   void SetUp() override { SKIP_IF_TIER_UNAVAILABLE(sb_, GetParam()); }
   void TearDown() override {
     EXPECT_TRUE(SandboxProcesses(sb_.options()).empty()) << "a sandboxed process survived";
+    testing::ExpectWarmRunIfPooled(sb_, GetParam());
   }
   Sandbox sb_;
 };
@@ -311,6 +316,14 @@ INSTANTIATE_TEST_SUITE_P(Tiers, Hostile,
                          ::testing::Values(Tier::kProcess, Tier::kContainer, Tier::kVm),
                          testing::TierParamName);
 INSTANTIATE_TEST_SUITE_P(Tiers, HostileLocal, ::testing::Values(Tier::kProcess, Tier::kContainer),
+                         testing::TierParamName);
+// The same cases with pre-warmed helpers (SandboxOptions::prewarm on).
+INSTANTIATE_TEST_SUITE_P(Pooled, HostileNoCgroup,
+                         ::testing::Values(Tier::kProcess, Tier::kContainer),
+                         testing::TierParamName);
+INSTANTIATE_TEST_SUITE_P(Pooled, Hostile, ::testing::Values(Tier::kProcess, Tier::kContainer),
+                         testing::TierParamName);
+INSTANTIATE_TEST_SUITE_P(Pooled, HostileLocal, ::testing::Values(Tier::kProcess, Tier::kContainer),
                          testing::TierParamName);
 
 }  // namespace

@@ -195,6 +195,7 @@ class SandboxTier : public ::testing::TestWithParam<Tier> {
   SandboxTier() : sb_(TestOptions()) {}
   void TearDown() override {
     EXPECT_TRUE(SandboxProcesses(sb_.options()).empty()) << "a sandboxed process survived";
+    testing::ExpectWarmRunIfPooled(sb_, GetParam());
   }
   Sandbox sb_;
 };
@@ -327,6 +328,12 @@ INSTANTIATE_TEST_SUITE_P(Tiers, SandboxTier,
                          ::testing::Values(Tier::kProcess, Tier::kContainer, Tier::kVm),
                          testing::TierParamName);
 INSTANTIATE_TEST_SUITE_P(Tiers, SandboxLocalTier,
+                         ::testing::Values(Tier::kProcess, Tier::kContainer),
+                         testing::TierParamName);
+// The same tests with pre-warmed helpers (SandboxOptions::prewarm on).
+INSTANTIATE_TEST_SUITE_P(Pooled, SandboxTier, ::testing::Values(Tier::kProcess, Tier::kContainer),
+                         testing::TierParamName);
+INSTANTIATE_TEST_SUITE_P(Pooled, SandboxLocalTier,
                          ::testing::Values(Tier::kProcess, Tier::kContainer),
                          testing::TierParamName);
 

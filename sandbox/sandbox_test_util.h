@@ -1,12 +1,19 @@
-// Shared by the sandbox tests: options, skips, and the "no survivor" check.
+// Shared by the sandbox tests: options, skips, the pre-warmed pool, and the "no survivor" check.
+//
+// The tier suites are instantiated twice: "Tiers/..." runs cold (SandboxOptions::prewarm off,
+// every run spawns its helper) and "Pooled/..." runs with pre-warmed helpers. TestOptions()
+// picks by the running test's suite name, and SKIP_IF_TIER_UNAVAILABLE then waits for a parked
+// helper, so a pooled test's first run is served warm.
 #pragma once
 
 #include <dirent.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -16,6 +23,12 @@ namespace bitroll::sandbox::testing {
 
 constexpr uint32_t kTestSlots = 4;
 
+// True inside a test of a "Pooled/..." instantiation.
+inline bool PooledTest() {
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return info != nullptr && std::string(info->test_suite_name()).rfind("Pooled/", 0) == 0;
+}
+
 // ctest runs every test case as its own process, several at once: each process gets its own
 // uid range so that one case's kill sweep or RLIMIT_NPROC never touches another's.
 inline SandboxOptions TestOptions() {
@@ -24,7 +37,36 @@ inline SandboxOptions TestOptions() {
   o.max_concurrent = kTestSlots;
   o.vm_image_dir = BITROLL_VM_IMAGE_DIR;
   o.max_concurrent_vms = 2;
+  if (!PooledTest()) o.prewarm = {0, 0};
   return o;
+}
+
+// Waits (at most 20 s) until `tier` has at least `n` parked helpers; false if it never does.
+inline bool AwaitParked(Sandbox& sb, Tier tier, uint32_t n) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (sb.Pool(tier).parked < n) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// With the pool on for `tier`, waits for a parked helper (the tier's pool starts with its first
+// use, which TierAvailable is).
+inline void AwaitPoolIfOn(Sandbox& sb, Tier tier) {
+  const SandboxOptions& o = sb.options();
+  uint32_t target = tier == Tier::kProcess     ? o.prewarm.process
+                    : tier == Tier::kContainer ? o.prewarm.container
+                                               : 0;
+  if (target > 0) {
+    ASSERT_TRUE(AwaitParked(sb, tier, 1)) << "no pre-warmed " << TierName(tier) << " helper";
+  }
+}
+
+// Pooled tests: at least one run of the test was served by a parked helper.
+inline void ExpectWarmRunIfPooled(Sandbox& sb, Tier tier) {
+  if (!PooledTest() || ::testing::Test::IsSkipped()) return;
+  EXPECT_GT(sb.Pool(tier).warm_runs, 0u) << "no run of this pooled test took a parked helper";
 }
 
 // Every process whose real uid is in the sandbox's range.
@@ -64,4 +106,5 @@ inline std::string TierParamName(const ::testing::TestParamInfo<Tier>& info) {
       GTEST_SKIP() << "SANDBOX TIER '" << ::bitroll::sandbox::TierName(tier)  \
                    << "' UNAVAILABLE ON THIS MACHINE: " << avail_.ToString(); \
     }                                                                         \
+    ::bitroll::sandbox::testing::AwaitPoolIfOn(sb, tier);                     \
   } while (0)

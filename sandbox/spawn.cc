@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -101,7 +102,127 @@ bool Drain(int fd, std::string* buf, uint64_t cap, bool* truncated, bool* overfl
   }
 }
 
+// Hands the request (argv[1...]) and the child's pipe ends to a parked helper and waits for its
+// one-byte acknowledgement. Returns "" or why the helper did not take it.
+std::string SendRequest(const ParkedHelper& h, const std::vector<std::string>& argv,
+                        const std::vector<int>& fds) {
+  std::string body;
+  for (size_t i = 1; i < argv.size(); ++i) {
+    body += argv[i];
+    body.push_back('\0');
+  }
+  uint64_t len = body.size();
+  char cbuf[CMSG_SPACE(sizeof(int) * 5)] = {};
+  struct iovec iov = {&len, sizeof(len)};
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = cbuf;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  ssize_t n;
+  do {
+    n = sendmsg(h.sock, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(len))) {
+    return std::string("parked helper: send: ") + (n < 0 ? std::strerror(errno) : "short write");
+  }
+  size_t off = 0;
+  while (off < body.size()) {
+    n = send(h.sock, body.data() + off, body.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::string("parked helper: send: ") + std::strerror(errno);
+    off += static_cast<size_t>(n);
+  }
+  // The acknowledgement, or EOF when the helper died first. Bounded: a parked helper answers
+  // at once unless the machine is stalled.
+  struct pollfd p = {h.sock, POLLIN, 0};
+  int pr;
+  do {
+    pr = poll(&p, 1, 10000);
+  } while (pr < 0 && errno == EINTR);
+  char ack = 0;
+  if (pr <= 0 || read(h.sock, &ack, 1) != 1 || ack != 'A') {
+    return "parked helper: no acknowledgement (it died or stalled before the request)";
+  }
+  return "";
+}
+
+// The helper starts with every signal at its default disposition and none blocked, whatever the
+// spawning thread had.
+void InitHelperSpawnAttr(posix_spawnattr_t* attr) {
+  posix_spawnattr_init(attr);
+  sigset_t empty, all;
+  sigemptyset(&empty);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(attr, &empty);
+  posix_spawnattr_setsigdefault(attr, &all);
+  posix_spawnattr_setflags(attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+}
+
+// argv for posix_spawn: pointers into `args` (which must outlive them), null-terminated.
+std::vector<char*> ArgvPointers(const std::vector<std::string>& args) {
+  std::vector<char*> out;
+  for (const std::string& a : args) out.push_back(const_cast<char*>(a.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
 }  // namespace
+
+std::string SpawnParked(const std::vector<std::string>& argv, ParkedHelper* out) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return std::string("socketpair: ") + std::strerror(errno);
+  }
+  Fd mine(sv[0]), theirs(sv[1]);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  for (int fd = 0; fd <= 2; ++fd) {
+    posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
+  }
+  posix_spawn_file_actions_adddup2(&fa, theirs.fd, 3);
+  posix_spawnattr_t attr;
+  InitHelperSpawnAttr(&attr);
+  std::vector<char*> args = ArgvPointers(argv);
+  char* envp[] = {nullptr};
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, args[0], &fa, &attr, args.data(), envp);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return "posix_spawn " + argv[0] + ": " + std::strerror(rc);
+  out->pid = pid;
+  out->pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  out->sock = mine.fd;
+  mine.fd = -1;
+  return "";
+}
+
+bool ParkedAlive(const ParkedHelper& h) {
+  if (h.pid <= 0) return false;
+  if (h.pidfd >= 0) {
+    struct pollfd p = {h.pidfd, POLLIN, 0};
+    return poll(&p, 1, 0) == 0;
+  }
+  siginfo_t si = {};
+  return !(waitid(P_PID, h.pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == h.pid);
+}
+
+void CloseParked(ParkedHelper* h) {
+  if (h->pid > 0) {
+    kill(h->pid, SIGKILL);  // still our unreaped child: the pid cannot have been reused
+    int status;
+    while (waitpid(h->pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (h->pidfd >= 0) close(h->pidfd);
+  if (h->sock >= 0) close(h->sock);
+  *h = ParkedHelper{};
+}
 
 SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
   SpawnOutcome o;
@@ -110,6 +231,7 @@ SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
   if (!MakePipe(&in_r, &in_w) || !MakePipe(&out_r, &out_w) || !MakePipe(&err_r, &err_w) ||
       !MakePipe(&st_r, &st_w) || (spec.extra_fd >= 0 && !MakePipe(&ex_r, &ex_w))) {
     o.start_error = std::string("pipe2: ") + std::strerror(errno);
+    if (spec.parked != nullptr) CloseParked(spec.parked);
     return o;
   }
   posix_spawn_file_actions_t fa;
@@ -120,21 +242,35 @@ SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
   posix_spawn_file_actions_adddup2(&fa, st_w.fd, 3);
   if (spec.extra_fd >= 0) posix_spawn_file_actions_adddup2(&fa, ex_w.fd, spec.extra_fd);
   posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t empty, all;
-  sigemptyset(&empty);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &empty);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  InitHelperSpawnAttr(&attr);
 
-  std::vector<char*> argv;
-  for (const std::string& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
+  std::vector<char*> argv = ArgvPointers(spec.argv);
   char* envp[] = {nullptr};
   const auto start = Clock::now();
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), envp);
+  int rc = 0;
+  Fd pidfd;
+  if (spec.parked != nullptr) {
+    ParkedHelper* h = spec.parked;
+    std::vector<int> fds = {in_r.fd, out_w.fd, err_w.fd, st_w.fd};
+    if (spec.extra_fd >= 0) fds.push_back(ex_w.fd);
+    std::string err = SendRequest(*h, spec.argv, fds);
+    close(h->sock);
+    h->sock = -1;
+    if (!err.empty()) {
+      CloseParked(h);
+      posix_spawn_file_actions_destroy(&fa);
+      posix_spawnattr_destroy(&attr);
+      o.start_error = err;
+      o.parked_lost = true;
+      return o;
+    }
+    pid = h->pid;
+    pidfd.fd = h->pidfd;
+    *h = ParkedHelper{};  // ours now: reaped below
+  } else {
+    rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), envp);
+  }
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   in_r.Close();
@@ -146,7 +282,7 @@ SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
     o.start_error = "posix_spawn " + spec.argv[0] + ": " + std::strerror(rc);
     return o;
   }
-  Fd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  if (spec.parked == nullptr) pidfd.fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   for (int fd : {in_w.fd, out_r.fd, err_r.fd, ex_r.fd}) {
     if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   }

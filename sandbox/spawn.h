@@ -1,10 +1,13 @@
 // Internal to sandbox/: starts bitroll-sandbox-helper with posix_spawn (never fork) and runs it
 // to completion: feeds stdin, reads stdout/stderr through pipes + poll with byte caps, enforces
-// the wall-time limit, kills every process of the run when it ends, and reaps.
+// the wall-time limit, kills every process of the run when it ends, and reaps. A pre-warmed
+// (parked) helper is handed its request and the pipes over its socket instead.
 //
 // Thread-safety: SpawnAndWait may run concurrently on distinct threads. It blocks SIGPIPE on the
 // calling thread while it runs (and restores the mask).
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <string>
@@ -13,6 +16,21 @@
 namespace bitroll::sandbox {
 
 class RunCgroup;
+
+// A helper started as `helper park ...`: set up and waiting on `sock` for one request.
+struct ParkedHelper {
+  pid_t pid = -1;
+  int pidfd = -1;  // -1 where the kernel has no pidfd_open
+  int sock = -1;   // the service's end of the socketpair (the helper's fd 3)
+};
+
+// posix_spawns argv (argv[0] the helper, argv[1] "park") with fds 0-2 on /dev/null and fd 3 on
+// a fresh AF_UNIX socketpair. Returns "" or why not.
+std::string SpawnParked(const std::vector<std::string>& argv, ParkedHelper* out);
+// False once the parked helper has exited (it is then reaped by CloseParked).
+bool ParkedAlive(const ParkedHelper& h);
+// SIGKILLs (unless already gone), reaps and closes a parked helper that will not be used.
+void CloseParked(ParkedHelper* h);
 
 struct SpawnSpec {
   std::vector<std::string> argv;  // argv[0] is the helper's path
@@ -28,10 +46,17 @@ struct SpawnSpec {
   // When >= 0, a pipe is given to the child at this fd number; its contents come back in
   // SpawnOutcome::extra (used for bwrap --json-status-fd).
   int extra_fd = -1;
+  // When set, no helper is spawned: argv[1...] (exec options without the ones the helper got at
+  // park time) goes as the request to this parked helper, which SpawnAndWait then owns (it
+  // reaps it and closes its fds, whatever happens).
+  ParkedHelper* parked = nullptr;
 };
 
 struct SpawnOutcome {
-  bool started = false;     // the helper was spawned and exec'd the command
+  bool started = false;  // the helper was spawned and exec'd the command
+  // The parked helper was gone before it took the request (nothing ran; start_error says why):
+  // the caller may run the request on another helper.
+  bool parked_lost = false;
   std::string start_error;  // why not (posix_spawn errno or the helper's status-pipe message)
   bool timed_out = false;
   bool output_overflow = false;

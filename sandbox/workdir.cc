@@ -46,8 +46,14 @@ Result<std::unique_ptr<Workdir>> Workdir::Create(const std::string& root, uint32
   if (chown(w->path_.c_str(), uid, gid) != 0) {
     return Status::IoError("chown " + w->path_ + ": " + std::strerror(errno));
   }
+  BR_RETURN_IF_ERROR(w->AddFiles(files, uid, gid));
+  return w;
+}
+
+Status Workdir::AddFiles(const std::map<std::string, std::string>& files, uint32_t uid,
+                         uint32_t gid) {
   for (const auto& [name, data] : files) {
-    std::string p = w->path_ + "/" + name;
+    std::string p = path_ + "/" + name;
     int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) return Status::IoError("create " + p + ": " + std::strerror(errno));
     size_t off = 0;
@@ -68,7 +74,7 @@ Result<std::unique_ptr<Workdir>> Workdir::Create(const std::string& root, uint32
     }
     close(fd);
   }
-  return w;
+  return Status::Ok();
 }
 
 Workdir::~Workdir() {

@@ -28,6 +28,8 @@ class Workdir {
   static Result<std::unique_ptr<Workdir>> Create(const std::string& root, uint32_t uid,
                                                  uint32_t gid,
                                                  const std::map<std::string, std::string>& files);
+  // Writes `files` into the folder, owned by uid:gid (for a workdir made before its request).
+  Status AddFiles(const std::map<std::string, std::string>& files, uint32_t uid, uint32_t gid);
   // Removes the folder and everything in it (links are removed, never followed).
   ~Workdir();
   const std::string& path() const { return path_; }

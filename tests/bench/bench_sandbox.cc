@@ -5,6 +5,12 @@
 //
 // Prints median and p99 of Sandbox::Run's duration for a trivial call ("echo hi"; the function
 // tier calls a registered no-op). Run by hand and briefly: this machine is shared.
+// The process and container rows run cold (SandboxOptions::prewarm off: each run spawns its
+// helper). Then, in the same run, "-cold-ab" and "-warm-ab" alternate a cold call and a call on
+// a second Sandbox with pre-warmed helpers (before each warm call it waits until the pool is
+// full again: calls spaced further apart than a refill, the usual case between tool calls of a
+// rollout), so both rows see the same load; "-warm-b2b" calls back to back (a call that finds
+// the pool empty runs cold; the share that took a parked helper is printed).
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,7 +35,7 @@ void Report(const char* name, std::vector<double> us) {
   std::sort(us.begin(), us.end());
   double median = us[us.size() / 2];
   double p99 = us[std::min(us.size() - 1, us.size() * 99 / 100)];
-  std::printf("%-10s n=%-5zu median %12.3f us   p99 %12.3f us\n", name, us.size(), median, p99);
+  std::printf("%-22s n=%-5zu median %12.3f us   p99 %12.3f us\n", name, us.size(), median, p99);
 }
 
 }  // namespace
@@ -42,6 +48,7 @@ int main(int argc, char** argv) {
   opt.max_concurrent = 4;
   opt.vm_image_dir = BITROLL_VM_IMAGE_DIR;
   opt.use_cgroups = !(argc > 3 && std::string(argv[3]) == "--no-cgroups");
+  opt.prewarm = {0, 0};  // the cold rows
   Sandbox sb(opt);
   std::printf("limits via %s\n", sb.LimitMechanism().c_str());
   if (!sb.Register("noop", [](const Request&, FunctionOutput* out) { out->exit_code = 0; }).ok()) {
@@ -105,6 +112,52 @@ int main(int argc, char** argv) {
       if (tier == Tier::kVm && static_cast<int>(us.size()) >= count) break;
     }
     Report(TierName(tier), us);
+  }
+  // Pre-warmed helpers, on a second Sandbox with its own uid range.
+  SandboxOptions wopt = opt;
+  wopt.uid_base = opt.uid_base + 4000;
+  wopt.prewarm = {2, 2};
+  Sandbox warm(wopt);
+  for (Tier tier : {Tier::kProcess, Tier::kContainer}) {
+    if (!warm.TierAvailable(tier).ok()) continue;  // reported above; also starts the pool
+    Request r;
+    r.tier = tier;
+    r.argv = {"echo", "hi"};
+    // A/B: a cold call and a warm call alternate, so both see the same machine load.
+    std::vector<double> cold_us, warm_us, b2b_us;
+    const PoolStats p0 = warm.Pool(tier);
+    for (int i = 0; i < n + 2; ++i) {
+      RunResult c = sb.Run(r);
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (warm.Pool(tier).parked < 2 && std::chrono::steady_clock::now() < deadline) {
+        usleep(200);
+      }
+      RunResult w = warm.Run(r);
+      if (!c.status.ok() || !w.status.ok()) {
+        std::printf("%s A/B failed: %s %s\n", TierName(tier), c.status.ToString().c_str(),
+                    w.status.ToString().c_str());
+        return 1;
+      }
+      if (i >= 2) {
+        cold_us.push_back(c.duration_seconds * 1e6);
+        warm_us.push_back(w.duration_seconds * 1e6);
+      }
+    }
+    const PoolStats p1 = warm.Pool(tier);
+    for (int i = 0; i < n; ++i) {
+      RunResult w = warm.Run(r);
+      if (!w.status.ok()) return 1;
+      b2b_us.push_back(w.duration_seconds * 1e6);
+    }
+    const PoolStats p2 = warm.Pool(tier);
+    std::string name = TierName(tier);
+    Report((name + "-cold-ab").c_str(), cold_us);
+    Report((name + "-warm-ab").c_str(), warm_us);
+    std::printf("%-22s   %llu of %d warm calls took a parked helper\n", "",
+                static_cast<unsigned long long>(p1.warm_runs - p0.warm_runs), n + 2);
+    Report((name + "-warm-b2b").c_str(), b2b_us);
+    std::printf("%-22s   %llu of %d back-to-back calls took a parked helper\n", "",
+                static_cast<unsigned long long>(p2.warm_runs - p1.warm_runs), n);
   }
   return 0;
 }

@@ -19,8 +19,7 @@
 #include "rollout/client.h"
 #include "rollout/coordinator.h"
 #include "rollout/null_engine.h"
-
-extern char** environ;
+#include "rollout/service_test_util.h"
 
 namespace bitroll::rollout {
 namespace {
@@ -28,24 +27,10 @@ namespace {
 constexpr const char* kHostIp = "10.213.7.1";
 constexpr const char* kNsIp = "10.213.7.2";
 
-int Run(const std::string& cmd) {
-  const int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
-  return pid;
-}
-
 // Owns the namespace, the veth pair and the replica process; the destructor removes them all.
 class NetNs {
  public:
-  NetNs() : ns_("brt" + std::to_string(getpid())), veth_("brv" + std::to_string(getpid())) {}
+  NetNs() : net_("brt" + std::to_string(getpid()), kHostIp, kNsIp) {}
   ~NetNs() {
     if (replica_ > 0) {
       kill(replica_, SIGTERM);
@@ -56,34 +41,17 @@ class NetNs {
       kill(replica_, SIGKILL);
       waitpid(replica_, &st, 0);
     }
-    Run("ip link del " + veth_ + "h");  // deletes both ends
-    Run("ip netns del " + ns_);
   }
-  // Returns an empty string on success, else why it could not be set up.
-  std::string SetUp() {
-    if (Run("ip netns add " + ns_) != 0) return "`ip netns add` is not permitted here";
-    const std::vector<std::string> steps = {
-        "ip link add " + veth_ + "h type veth peer name " + veth_ + "n",
-        "ip link set " + veth_ + "n netns " + ns_,
-        "ip addr add " + std::string(kHostIp) + "/24 dev " + veth_ + "h",
-        "ip link set " + veth_ + "h up",
-        "ip netns exec " + ns_ + " ip addr add " + kNsIp + "/24 dev " + veth_ + "n",
-        "ip netns exec " + ns_ + " ip link set " + veth_ + "n up",
-        "ip netns exec " + ns_ + " ip link set lo up",
-    };
-    for (const auto& s : steps) {
-      if (Run(s) != 0) return "setup step failed: " + s;
-    }
-    return "";
-  }
+  std::string SetUp() { return net_.SetUp(); }
   bool StartReplica(const std::string& endpoint) {
-    replica_ = Spawn({"ip", "netns", "exec", ns_, BITROLL_EXE, "replica", "--connect", endpoint,
-                      "--engine", "null", "--name", "ns-replica", "--log-level", "warn"});
+    replica_ =
+        SpawnQuiet({"ip", "netns", "exec", net_.name(), BITROLL_EXE, "replica", "--connect",
+                    endpoint, "--engine", "null", "--name", "ns-replica", "--log-level", "warn"});
     return replica_ > 0;
   }
 
  private:
-  std::string ns_, veth_;
+  VethNamespace net_;
   pid_t replica_ = -1;
 };
 

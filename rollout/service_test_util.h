@@ -3,15 +3,18 @@
 //     uninterrupted reference the crash and fault tests compare with, bit for bit;
 //   - QueryWal: a running coordinator's StatusReply over a raw DEALER socket, for the WAL counters
 //     and sticky error (the C++ client's StatusInfo does not carry them);
-//   - SpawnQuiet: a child process (`bitroll serve`, `bitroll replica`) with stdout to /dev/null.
+//   - SpawnQuiet: a child process (`bitroll serve`, `bitroll replica`) with stdout to /dev/null;
+//   - VethNamespace: a network namespace joined to the host by a veth pair (a second "host").
 #pragma once
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/wait.h>
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -28,7 +31,49 @@ extern "C" char** environ;
 
 namespace bitroll::rollout {
 
-// posix_spawn of args[0] with args, stdout to /dev/null (stderr kept); -1 on failure.
+// A network namespace `name` joined to the host by a veth pair: `name`h on the host at host_ip/24,
+// `name`n inside at ns_ip/24, loopback up. Needs root; the destructor removes both.
+class VethNamespace {
+ public:
+  VethNamespace(std::string name, std::string host_ip, std::string ns_ip)
+      : name_(std::move(name)), host_ip_(std::move(host_ip)), ns_ip_(std::move(ns_ip)) {}
+  VethNamespace(const VethNamespace&) = delete;
+  VethNamespace& operator=(const VethNamespace&) = delete;
+  ~VethNamespace() {
+    Shell("ip link del " + name_ + "h");  // deletes both ends
+    Shell("ip netns del " + name_);
+  }
+  // Empty on success, else why it could not be set up.
+  std::string SetUp() {
+    if (Shell("ip netns add " + name_) != 0) return "`ip netns add` is not permitted here";
+    const std::vector<std::string> steps = {
+        "ip link add " + name_ + "h type veth peer name " + name_ + "n",
+        "ip link set " + name_ + "n netns " + name_,
+        "ip addr add " + host_ip_ + "/24 dev " + name_ + "h",
+        "ip link set " + name_ + "h up",
+        "ip netns exec " + name_ + " ip addr add " + ns_ip_ + "/24 dev " + name_ + "n",
+        "ip netns exec " + name_ + " ip link set " + name_ + "n up",
+        "ip netns exec " + name_ + " ip link set lo up",
+    };
+    for (const auto& s : steps) {
+      if (Shell(s) != 0) return "setup step failed: " + s;
+    }
+    return "";
+  }
+  const std::string& name() const { return name_; }
+
+  // A shell command with its output discarded; its exit status (-1 if it did not exit).
+  static int Shell(const std::string& cmd) {
+    const int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  }
+
+ private:
+  std::string name_, host_ip_, ns_ip_;
+};
+
+// posix_spawnp of args[0] (searched on PATH unless it has a slash) with args, stdout to /dev/null
+// (stderr kept); -1 on failure.
 inline pid_t SpawnQuiet(std::vector<std::string> args) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -37,7 +82,7 @@ inline pid_t SpawnQuiet(std::vector<std::string> args) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   return rc == 0 ? pid : -1;
 }

@@ -33,9 +33,8 @@
 
 #include "rollout/client.h"
 #include "rollout/coordinator.h"
+#include "rollout/service_test_util.h"
 #include "tests/engine_test_util.h"
-
-extern char** environ;
 
 namespace bitroll {
 namespace {
@@ -510,46 +509,21 @@ TEST(ServiceE2ETest, PythonClientMatchesGenerateForAnyReplicaCountUnderLoad) {
 constexpr const char* kHostIp = "10.213.9.1";  // rollout/multihost_test.cc uses 10.213.7.0/24
 constexpr const char* kNsIp = "10.213.9.2";
 
-int Sh(const std::string& cmd) {
-  const int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 // Owns the namespace, the veth pair and the replica process; the destructor removes them all.
 class NetNs {
  public:
-  NetNs() : ns_("bre" + std::to_string(getpid())), veth_("bre" + std::to_string(getpid())) {}
-  ~NetNs() {
-    replica_.reset();
-    Sh("ip link del " + veth_ + "h");  // deletes both ends
-    Sh("ip netns del " + ns_);
-  }
-  // An empty string on success, else why it could not be set up.
-  std::string SetUp() {
-    if (Sh("ip netns add " + ns_) != 0) return "`ip netns add` is not permitted here";
-    const std::vector<std::string> steps = {
-        "ip link add " + veth_ + "h type veth peer name " + veth_ + "n",
-        "ip link set " + veth_ + "n netns " + ns_,
-        "ip addr add " + std::string(kHostIp) + "/24 dev " + veth_ + "h",
-        "ip link set " + veth_ + "h up",
-        "ip netns exec " + ns_ + " ip addr add " + kNsIp + "/24 dev " + veth_ + "n",
-        "ip netns exec " + ns_ + " ip link set " + veth_ + "n up",
-        "ip netns exec " + ns_ + " ip link set lo up",
-    };
-    for (const auto& s : steps) {
-      if (Sh(s) != 0) return "setup step failed: " + s;
-    }
-    return "";
-  }
+  NetNs() : net_("bre" + std::to_string(getpid()), kHostIp, kNsIp) {}
+  ~NetNs() { replica_.reset(); }  // the replica first, then the namespace
+  std::string SetUp() { return net_.SetUp(); }
   bool StartReplica(const std::string& endpoint) {
-    replica_ =
-        Child::Start({"ip", "netns", "exec", ns_, BITROLL_EXE, "replica", "--connect", endpoint,
-                      "--model", ModelPath(), "--name", "ns-replica", "--log-level", "warn"});
+    replica_ = Child::Start({"ip", "netns", "exec", net_.name(), BITROLL_EXE, "replica",
+                             "--connect", endpoint, "--model", ModelPath(), "--name", "ns-replica",
+                             "--log-level", "warn"});
     return replica_ != nullptr;
   }
 
  private:
-  std::string ns_, veth_;
+  rollout::VethNamespace net_;
   std::unique_ptr<Child> replica_;
 };
 

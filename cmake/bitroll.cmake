@@ -22,9 +22,12 @@ function(bitroll_add_test)
     BITROLL_MODELS_DIR="${BITROLL_MODELS_DIR}"
     BITROLL_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
     BITROLL_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  # gtest_discover_tests (CMake 3.25) flattens a list in PROPERTIES, so several labels become
+  # one "a,b" label; `ctest -L b` still selects it (-L is a regular expression).
+  string(REPLACE ";" "," _labels "${T_LABELS}")
   gtest_discover_tests(${T_NAME}
     DISCOVERY_TIMEOUT 120
-    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${_labels}")
 endfunction()
 
 # bitroll_isa_sources(ISA file...) compiles the files for one SIMD level. ISA is AVX2 or AVX512.

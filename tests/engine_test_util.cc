@@ -152,4 +152,23 @@ bool ReadGoldenIds(const std::string& path, std::vector<int32_t>* prompt,
   return !prompt->empty() && !seq->empty();
 }
 
+engine::SequenceRequest RunCRequest(uint64_t id, const std::vector<int32_t>& prompt,
+                                    int32_t steps) {
+  engine::SequenceRequest r;
+  r.id = id;
+  r.prompt = prompt;
+  r.sampling.temperature = 0.0f;
+  r.stop.max_tokens = steps - static_cast<int32_t>(prompt.size()) + 1;  // run.c: pos < steps
+  r.stop.stop_at_eos = false;                                           // run.c stops only on BOS
+  r.stop.stop_at_bos = true;
+  return r;
+}
+
+std::vector<int32_t> RunCSequence(const std::vector<int32_t>& prompt,
+                                  const std::vector<int32_t>& generated) {
+  std::vector<int32_t> seq(prompt.begin() + (prompt.empty() ? 0 : 1), prompt.end());
+  seq.insert(seq.end(), generated.begin(), generated.end());
+  return seq;
+}
+
 }  // namespace bitroll::testing_util

@@ -58,6 +58,13 @@ engine::SequenceRequest Target(uint64_t id, const engine::SamplingParams& sp);
 bool ReadGoldenIds(const std::string& path, std::vector<int32_t>* prompt,
                    std::vector<int32_t>* seq);
 
+// run.c's greedy run of `steps` positions from `prompt` (stops only on BOS), as request `id`.
+engine::SequenceRequest RunCRequest(uint64_t id, const std::vector<int32_t>& prompt, int32_t steps);
+// A golden transcript's SEQ line from a prompt and its generated ids: the prompt without its BOS,
+// then the generated ids.
+std::vector<int32_t> RunCSequence(const std::vector<int32_t>& prompt,
+                                  const std::vector<int32_t>& generated);
+
 // A random request: BOS + 1..max_prompt random ids, random max_tokens, the given sampling params.
 engine::SequenceRequest RandomRequest(uint64_t id, uint32_t seed, int32_t vocab, int32_t max_prompt,
                                       int32_t max_tokens, const engine::SamplingParams& sp);

@@ -28,14 +28,7 @@ engine::SequenceOutput Greedy(const std::string& isa, const std::vector<int32_t>
   setup.isa = isa;
   auto e = testing_util::MakeEngine(setup);
   if (e == nullptr) return {};
-  engine::SequenceRequest r;
-  r.id = 1;
-  r.prompt = prompt;
-  r.sampling.temperature = 0.0f;
-  r.stop.max_tokens = steps - static_cast<int32_t>(prompt.size()) + 1;  // run.c: pos < steps
-  r.stop.stop_at_eos = false;                                           // run.c stops only on BOS
-  r.stop.stop_at_bos = true;
-  auto out = testing_util::RunAll(*e, {r});
+  auto out = testing_util::RunAll(*e, {testing_util::RunCRequest(1, prompt, steps)});
   return out[1];
 }
 
@@ -49,8 +42,7 @@ TEST(Golden, OnceUponATimeGreedy256MatchesRunC) {
   EXPECT_EQ(*enc, prompt);
 
   const engine::SequenceOutput out = Greedy("auto", prompt, 256);
-  std::vector<int32_t> got(prompt.begin() + 1, prompt.end());
-  got.insert(got.end(), out.tokens.begin(), out.tokens.end());
+  const std::vector<int32_t> got = testing_util::RunCSequence(prompt, out.tokens);
   ASSERT_EQ(got.size(), seq.size());
   EXPECT_EQ(got, seq);
 

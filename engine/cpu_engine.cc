@@ -75,6 +75,7 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
                                    " tokens, model expects " + std::to_string(c.vocab_size));
   }
   e->tokenizer_ = std::move(parts.tokenizer);
+  e->weights_ = parts.weights;
   e->info_.name = parts.weights->source;
   e->info_.vocab_size = c.vocab_size;
   e->info_.max_seq_len = c.max_seq_len;
@@ -388,16 +389,20 @@ Status CpuEngine::CheckBlockAccounting() const {
 
 Status CpuEngine::UpdateWeights(const std::string& path, uint64_t version) {
   BR_ASSIGN_OR_RETURN(ModelWeights w, LoadModelWeights(path));
+  return InstallWeights(std::make_shared<const ModelWeights>(std::move(w)), version);
+}
+
+Status CpuEngine::InstallWeights(std::shared_ptr<const ModelWeights> w, uint64_t version) {
+  if (w == nullptr) return Status::InvalidArgument("update weights: no weights");
   const ModelConfig& a = backend_->config();
-  const ModelConfig& b = w.config;
+  const ModelConfig& b = w->config;
   if (a.dim != b.dim || a.hidden_dim != b.hidden_dim || a.n_layers != b.n_layers ||
       a.n_heads != b.n_heads || a.n_kv_heads != b.n_kv_heads || a.vocab_size != b.vocab_size ||
       a.max_seq_len != b.max_seq_len) {
-    return Status::InvalidArgument("update weights: " + path + " has a different shape");
+    return Status::InvalidArgument("update weights: " + w->source + " has a different shape");
   }
-  const uint64_t hash = w.weights_hash;
-  BR_ASSIGN_OR_RETURN(std::unique_ptr<ForwardBackend> t,
-                      backend_->WithWeights(std::make_shared<const ModelWeights>(std::move(w))));
+  const uint64_t hash = w->weights_hash;
+  BR_ASSIGN_OR_RETURN(std::unique_ptr<ForwardBackend> t, backend_->WithWeights(w));
   BR_RETURN_IF_ERROR(t->AttachKvCache(*cache_));
   // Cached K/V were computed by the old weights; running sequences are recomputed from their
   // tokens under the new ones.
@@ -411,6 +416,7 @@ Status CpuEngine::UpdateWeights(const std::string& path, uint64_t version) {
   // cache's Reset drops its entries), so nothing refers to the old storage any more.
   cache_->set_store(t->kv_store());
   backend_ = std::move(t);
+  weights_ = std::move(w);
   weight_version_ = version;
   info_.fingerprint.weights_hash = hash;
   return Status::Ok();

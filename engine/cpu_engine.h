@@ -56,6 +56,8 @@ class CpuEngine final : public Engine {
   EngineStats stats() const override;
   const Tokenizer* tokenizer() const override { return tokenizer_.get(); }
   Status UpdateWeights(const std::string& path, uint64_t version) override;
+  Status InstallWeights(std::shared_ptr<const ModelWeights> weights, uint64_t version) override;
+  std::shared_ptr<const ModelWeights> weights() const override { return weights_; }
 
   // Forces an attention kernel (tests); kAuto chooses by load.
   void set_attention_kernel(kernels::AttentionKernel k) { backend_->set_attention_kernel(k); }
@@ -90,6 +92,7 @@ class CpuEngine final : public Engine {
   ModelInfo info_;
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::shared_ptr<const ModelWeights> weights_;  // the weights backend_ serves
   std::unique_ptr<ForwardBackend> backend_;  // declared before cache_: outlives its store pointer
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<KvDiskTier> disk_;     // may be null

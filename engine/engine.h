@@ -138,7 +138,8 @@ struct EngineStats {
   int64_t disk_corrupt_blocks = 0;  // disk blocks that failed verification (treated as misses)
 };
 
-class Tokenizer;  // engine/tokenizer.h
+class Tokenizer;      // engine/tokenizer.h
+struct ModelWeights;  // engine/model_weights.h
 
 struct EngineOptions {
   std::string model_path;      // llama2.c .bin, GGUF file, or Hugging Face directory (detected)
@@ -184,6 +185,13 @@ class Engine {
   // Loads new weights (same shapes) from `path` under `version`. Takes effect at the next Step();
   // running sequences continue, and their later tokens record the new version.
   virtual Status UpdateWeights(const std::string& path, uint64_t version) = 0;
+  // Installs weights already in memory (a streamed or broadcast update, engine/weight_update.h)
+  // under `version`, with the rules of UpdateWeights. Errors: kInvalidArgument (other shapes),
+  // backend errors.
+  virtual Status InstallWeights(std::shared_ptr<const ModelWeights> weights, uint64_t version) = 0;
+  // The weights now served (the base of a streamed update); nullptr for engines without weights
+  // (test doubles).
+  virtual std::shared_ptr<const ModelWeights> weights() const = 0;
 };
 
 // Opens the model named by options.model_path (format detected) on options.device.

@@ -8,6 +8,7 @@ bitroll_isa_sources(AVX512 ${CMAKE_CURRENT_LIST_DIR}/philox_avx512.cc)
 
 add_library(bitroll_model STATIC
   ${CMAKE_CURRENT_LIST_DIR}/model_weights.cc
+  ${CMAKE_CURRENT_LIST_DIR}/weight_update.cc
   ${CMAKE_CURRENT_LIST_DIR}/loaders/llama2c.cc
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cc
   ${CMAKE_CURRENT_LIST_DIR}/tokenizers/llama2c_tokenizer.cc

@@ -6,7 +6,8 @@ add_library(bitroll_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cc
   ${CMAKE_CURRENT_LIST_DIR}/scheduler.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu_engine.cc
-  ${CMAKE_CURRENT_LIST_DIR}/model_loader.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/model_loader.cc
+  ${CMAKE_CURRENT_LIST_DIR}/nccl_weights.cc)
 target_include_directories(bitroll_engine PUBLIC ${CMAKE_SOURCE_DIR})
 target_include_directories(bitroll_engine PRIVATE ${BITROLL_XXHASH_INCLUDE})
 target_link_libraries(bitroll_engine PUBLIC bitroll_model bitroll_kernels bitroll_status Threads::Threads
@@ -22,6 +23,10 @@ bitroll_add_test(NAME engine_kv_disk_tier_test SOURCES ${_r}/kv_disk_tier_test.c
 # Device selection (EngineOptions::device): typed errors in every build, no model needed.
 bitroll_add_test(NAME engine_device_test SOURCES ${_r}/device_test.cc LIBS bitroll_engine
   TIMEOUT 60)
+# NCCL weight broadcasts (engine/nccl_weights.h): the checks before any device call run
+# everywhere; the 1- and 2-GPU cases skip loudly without them.
+bitroll_add_test(NAME engine_nccl_weights_test SOURCES ${_r}/nccl_weights_test.cc
+  LIBS bitroll_engine LABELS "engine;gpu" TIMEOUT 180)
 unset(_r)
 
 # The CUDA forward backend (engine/cuda/): built into bitroll_engine when this build has CUDA

@@ -261,7 +261,119 @@ Result<uint64_t> Client::UpdateWeights(const std::string& path, uint64_t version
   const uint64_t rid = next_request_id_++;
   FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union());
   BR_RETURN_IF_ERROR(SendRaw(BufferView(fbb)));
-  BR_ASSIGN_OR_RETURN(Event e, WaitReply(rid, timeout_ms));
+  return WaitUpdateReply(rid, timeout_ms);
+}
+
+namespace {
+
+Result<size_t> DTypeBytes(const std::string& dtype) {
+  if (dtype == "f32") return size_t{4};
+  if (dtype == "f16" || dtype == "bf16") return size_t{2};
+  return Status::InvalidArgument("unknown dtype '" + dtype + "' (f32, f16 or bf16)");
+}
+
+Result<size_t> TensorBytes(const WeightTensor& t) {
+  BR_ASSIGN_OR_RETURN(size_t es, DTypeBytes(t.dtype));
+  size_t n = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0) return Status::InvalidArgument("tensor " + t.name + " has a negative dimension");
+    n *= static_cast<size_t>(d);
+  }
+  return n * es;
+}
+
+flatbuffers::Offset<wire::TensorFrame> Frame(flatbuffers::FlatBufferBuilder& fbb,
+                                             const WeightTensor& t, uint64_t offset,
+                                             const uint8_t* data, size_t size) {
+  auto name = fbb.CreateString(t.name);
+  auto dtype = fbb.CreateString(t.dtype);
+  auto shape = fbb.CreateVector(t.shape);
+  auto bytes = fbb.CreateVector(data, size);
+  return wire::CreateTensorFrame(fbb, name, dtype, shape, bytes, offset);
+}
+
+}  // namespace
+
+Result<uint64_t> Client::UpdateWeightsStreamed(std::span<const WeightTensor> tensors,
+                                               uint64_t version, bool drain, bool full,
+                                               int timeout_ms, size_t part_bytes) {
+  constexpr size_t kMaxPart = size_t{48} << 20;  // under the 64 MiB message limit
+  if (part_bytes < 4096 || part_bytes > kMaxPart) {
+    return Status::InvalidArgument("part_bytes must be in [4096, " + std::to_string(kMaxPart) +
+                                   "], got " + std::to_string(part_bytes));
+  }
+  std::vector<size_t> sizes;
+  for (const WeightTensor& t : tensors) {
+    BR_ASSIGN_OR_RETURN(size_t n, TensorBytes(t));
+    if (n > 0 && t.data == nullptr) {
+      return Status::InvalidArgument("tensor " + t.name + " has no data");
+    }
+    sizes.push_back(n);
+  }
+  size_t ti = 0, off = 0;  // the next byte to send: tensor ti, byte off
+  uint32_t part = 0;
+  auto abort_stream = [&](Status s) -> Status {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    auto m = wire::CreateUpdateWeights(fbb, 0, version, false, 0, false, false, 0, true);
+    FinishEnvelope(fbb, next_request_id_++, wire::Message_UpdateWeights, m.Union());
+    (void)SendRaw(BufferView(fbb));  // best effort; the coordinator also times streams out
+    return s;
+  };
+  while (true) {
+    flatbuffers::FlatBufferBuilder fbb(std::min(part_bytes, kMaxPart) + 4096);
+    std::vector<flatbuffers::Offset<wire::TensorFrame>> frames;
+    size_t budget = part_bytes;
+    while (ti < tensors.size() && budget > 0) {
+      const size_t es = *DTypeBytes(tensors[ti].dtype);
+      size_t take = std::min(sizes[ti] - off, budget);
+      if (take < sizes[ti] - off) take -= take % es;  // whole elements per slice
+      if (take == 0 && sizes[ti] > 0) break;          // no room for one element: next part
+      frames.push_back(
+          Frame(fbb, tensors[ti], off, static_cast<const uint8_t*>(tensors[ti].data) + off, take));
+      budget -= take;
+      off += take;
+      if (off == sizes[ti]) {
+        ++ti;
+        off = 0;
+      }
+    }
+    const bool last = ti == tensors.size();
+    auto m = wire::CreateUpdateWeights(fbb, 0, version, drain, fbb.CreateVector(frames),
+                                       /*more=*/!last, full, 0, false, part++);
+    const uint64_t rid = next_request_id_++;
+    FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union());
+    Status sent = SendRaw(BufferView(fbb));
+    if (!sent.ok()) return abort_stream(sent);
+    Result<uint64_t> live = WaitUpdateReply(rid, timeout_ms);
+    if (!live.ok()) return abort_stream(live.status());
+    if (last) return live;
+  }
+}
+
+Result<uint64_t> Client::BeginUpdateWeightsNccl(const std::array<uint8_t, 128>& unique_id,
+                                                int world_size,
+                                                std::span<const WeightTensor> manifest,
+                                                uint64_t version, bool drain) {
+  if (world_size < 2) {
+    return Status::InvalidArgument("nccl update: world_size must be >= 2 (trainer + replicas)");
+  }
+  flatbuffers::FlatBufferBuilder fbb(4096);
+  std::vector<flatbuffers::Offset<wire::TensorFrame>> frames;
+  for (const WeightTensor& t : manifest) {
+    BR_RETURN_IF_ERROR(TensorBytes(t).status());
+    frames.push_back(Frame(fbb, t, 0, nullptr, 0));
+  }
+  auto id = fbb.CreateVector(unique_id.data(), unique_id.size());
+  auto nccl = wire::CreateNcclWeights(fbb, id, world_size, 0, fbb.CreateVector(frames));
+  auto m = wire::CreateUpdateWeights(fbb, 0, version, drain, 0, false, false, nccl);
+  const uint64_t rid = next_request_id_++;
+  FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union());
+  BR_RETURN_IF_ERROR(SendRaw(BufferView(fbb)));
+  return rid;
+}
+
+Result<uint64_t> Client::WaitUpdateReply(uint64_t request_id, int timeout_ms) {
+  BR_ASSIGN_OR_RETURN(Event e, WaitReply(request_id, timeout_ms));
   const auto* env = wire::GetEnvelope(e.reply.data());
   if (env->msg_type() != wire::Message_Ack) return Status::Protocol("expected Ack");
   return env->msg_as_Ack()->weight_version();

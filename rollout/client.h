@@ -9,9 +9,11 @@
 // Thread-safety: a Client is NOT thread-safe; use one per thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -157,6 +159,15 @@ struct Event {
 // The SubmitRollouts envelope for `request` (no client-side checks: tests send bad ones).
 std::string EncodeSubmit(const SubmitRequest& request, uint64_t request_id);
 
+// One tensor of a weight update. `data`: host memory for UpdateWeightsStreamed, a device
+// pointer for an NCCL broadcast, unused in an NCCL manifest.
+struct WeightTensor {
+  std::string name;            // as the served model's format names it (docs/weights.md)
+  std::string dtype = "f32";   // "f32" | "f16" | "bf16"
+  std::vector<int64_t> shape;  // outermost first
+  const void* data = nullptr;  // numel * dtype size bytes
+};
+
 class Client {
  public:
   // Connects (ZeroMQ connects lazily; the first send waits for the peer).
@@ -180,6 +191,23 @@ class Client {
   // Waits for every replica to load `path`; returns the live version.
   Result<uint64_t> UpdateWeights(const std::string& path, uint64_t version, bool drain,
                                  int timeout_ms);
+  // Streams `tensors` (host memory, names of the served model's format, docs/weights.md) in parts
+  // of at most part_bytes of data (a larger tensor is sliced), each part waiting for its Ack,
+  // then commits. full = true: the replicas also check every tensor of the model was sent.
+  // Returns the live version. Errors: the first typed error of the coordinator or a replica
+  // (nothing is installed then), kTimeout per part.
+  Result<uint64_t> UpdateWeightsStreamed(std::span<const WeightTensor> tensors, uint64_t version,
+                                         bool drain, bool full, int timeout_ms,
+                                         size_t part_bytes = size_t{1} << 20);
+  // Sends UpdateWeights{version, drain, nccl{unique_id, world_size, manifest}} (manifest: name,
+  // dtype, shape; data unused) and returns its request id; the reply comes by WaitUpdateReply.
+  // rollout/nccl_weight_sender.h drives the whole broadcast.
+  Result<uint64_t> BeginUpdateWeightsNccl(const std::array<uint8_t, 128>& unique_id, int world_size,
+                                          std::span<const WeightTensor> manifest, uint64_t version,
+                                          bool drain);
+  // The reply to an update sent earlier: the live version once every replica installed it,
+  // kTimeout when none came within timeout_ms (0: poll), else the update's typed error.
+  Result<uint64_t> WaitUpdateReply(uint64_t request_id, int timeout_ms);
   // resume = false: pause dispatch and wait until nothing is in flight. true: resume.
   Status Drain(bool resume, int timeout_ms);
   Result<StatusInfo> GetStatus(int timeout_ms);

@@ -74,7 +74,7 @@ void Coordinator::State::OnClient(const std::string& client, const zmq::message_
     case wire::Message_Status:
       return OnStatus(client, e->request_id());
     case wire::Message_UpdateWeights:
-      return OnUpdateWeights(client, e);
+      return OnUpdateWeights(client, e, data, msg.size());
     case wire::Message_Drain:
       return OnDrain(client, e->request_id(), e->msg_as_Drain()->resume());
     case wire::Message_Ack:
@@ -309,43 +309,17 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
   SendClient(client, BufferView(fbb));
 }
 
-void Coordinator::State::OnUpdateWeights(const std::string& client, const wire::Envelope* e) {
-  const wire::UpdateWeights* u = e->msg_as_UpdateWeights();
-  if (u->tensors() != nullptr && u->tensors()->size() > 0) {
-    return SendError(client, e->request_id(),
-                     Status::Unsupported("streamed tensor updates are not implemented; "
-                                         "send a path"));
-  }
-  if (u->path() == nullptr || u->path()->size() == 0) {
-    return SendError(client, e->request_id(), Status::InvalidArgument("UpdateWeights: no path"));
-  }
-  if (update.active) {
-    return SendError(client, e->request_id(),
-                     Status::FailedPrecondition("another weight update is in progress"));
-  }
-  update = PendingUpdate{};
-  update.active = true;
-  update.client = client;
-  update.request_id = e->request_id();
-  update.path = u->path()->str();
-  update.version = u->version();
-  update.drain = u->drain();
-  spdlog::info("coordinator: update weights path={} version={} drain={}", update.path,
-               update.version, update.drain);
-  MaybeSendUpdate();
-}
-
 int Coordinator::State::Choose(uint64_t affinity_key) {
   auto it = affinity.find(affinity_key);
   if (it != affinity.end()) {
     const Replica& r = replicas[it->second];
-    if (r.alive && r.inflight.size() < r.capacity) return it->second;
+    if (r.alive && !r.stale && r.inflight.size() < r.capacity) return it->second;
   }
   int best = -1;
   double best_load = 2.0;
   for (int i = 0; i < static_cast<int>(replicas.size()); ++i) {
     const Replica& r = replicas[i];
-    if (!r.alive || r.inflight.size() >= r.capacity) continue;
+    if (!r.alive || r.stale || r.inflight.size() >= r.capacity) continue;
     const double load = static_cast<double>(r.inflight.size()) / r.capacity;
     if (load < best_load) {
       best = i;

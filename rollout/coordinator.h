@@ -63,6 +63,9 @@ struct CoordinatorOptions {
   uint64_t max_queued = 1 << 20;
   // A replica that sends nothing (heartbeats included) for this long is declared dead.
   int replica_timeout_ms = 5000;
+  // A streamed weight update whose client sends no part for this long is abandoned (its staged
+  // parts are dropped on every replica).
+  int stream_timeout_ms = 60000;
   // Pending outgoing messages per client socket before ZeroMQ reports EAGAIN (then we buffer).
   int client_sndhwm = 100000;
   DecodeLimits decode;

@@ -1,4 +1,5 @@
-// The coordinator's replica side: hello, results, failures, weight updates and drain.
+// The coordinator's replica side: hello, results, failures and drain (weight updates:
+// coordinator_weights.cc).
 #include "rollout/coordinator_state.h"
 
 namespace bitroll::rollout {
@@ -11,40 +12,6 @@ void Coordinator::State::SendReplica(int r, flatbuffers::FlatBufferBuilder& fbb)
     spdlog::warn("coordinator: send to replica {} failed: {}", replicas[r].name, e.what());
     if (e.num() == EHOSTUNREACH) dead_replicas.insert(r);
   }
-}
-
-void Coordinator::State::SendUpdateTo(int r, const std::string& path, uint64_t version,
-                                      uint64_t request_id) {
-  flatbuffers::FlatBufferBuilder fbb(256);
-  auto m = wire::CreateUpdateWeights(fbb, fbb.CreateString(path), version, false);
-  FinishEnvelope(fbb, request_id, wire::Message_UpdateWeights, m.Union());
-  SendReplica(r, fbb);
-}
-
-void Coordinator::State::MaybeSendUpdate() {
-  if (!update.active || update.sent) return;
-  if (update.drain && works.size() - queued > 0) return;  // wait for in-flight work
-  update.sent = true;
-  update.replica_request_id = next_update_id++;
-  for (int r = 0; r < static_cast<int>(replicas.size()); ++r) {
-    if (!replicas[r].alive) continue;
-    update.waiting.insert(r);
-    SendUpdateTo(r, update.path, update.version, update.replica_request_id);
-  }
-  MaybeFinishUpdate();
-}
-
-void Coordinator::State::MaybeFinishUpdate() {
-  if (!update.active || !update.sent || !update.waiting.empty()) return;
-  if (update.error.ok()) {
-    weights_path = update.path;
-    weight_version = update.version;
-    spdlog::info("coordinator: weights version={} live on every replica", weight_version);
-    SendAck(update.client, update.request_id, update.version);
-  } else {
-    SendError(update.client, update.request_id, update.error);
-  }
-  update = PendingUpdate{};
 }
 
 void Coordinator::State::OnDrain(const std::string& client, uint64_t request_id, bool resume) {
@@ -95,17 +62,6 @@ void Coordinator::State::OnReplica(const std::string& identity, const zmq::messa
   }
 }
 
-void Coordinator::State::OnUpdateReply(int r, uint64_t request_id, Status s) {
-  if (!s.ok()) {
-    spdlog::error("coordinator: replica {} failed a weight update: {}", replicas[r].name,
-                  s.ToString());
-  }
-  if (!update.active || !update.sent || request_id != update.replica_request_id) return;
-  if (!s.ok() && update.error.ok()) update.error = s.WithContext(replicas[r].name);
-  update.waiting.erase(r);
-  MaybeFinishUpdate();
-}
-
 void Coordinator::State::OnHello(const std::string& identity, const wire::Envelope* e) {
   const wire::ReplicaHello* h = e->msg_as_ReplicaHello();
   engine::NumericsFingerprint fp;
@@ -144,17 +100,11 @@ void Coordinator::State::OnHello(const std::string& identity, const wire::Envelo
   rep.alive = true;
   rep.last_seen = Clock::now();
   rep.weight_version = h->weight_version();
+  rep.stale = false;
+  rep.catchup.clear();
   spdlog::info("coordinator: replica {} joined (remote={} capacity={} vocab={})", rep.name,
                rep.remote, rep.capacity, h->vocab_size());
-  // A late joiner loads the live weights (and joins an update in progress) before any work:
-  // messages on its pipe are handled in order.
-  if (!weights_path.empty() && rep.weight_version != weight_version) {
-    SendUpdateTo(r, weights_path, weight_version, 0);
-  }
-  if (update.active && update.sent) {
-    update.waiting.insert(r);
-    SendUpdateTo(r, update.path, update.version, update.replica_request_id);
-  }
+  CatchUp(r);
 }
 
 void Coordinator::State::ReplicaDead(int r, const char* why) {

@@ -1,7 +1,8 @@
 // rollout/coordinator_state.h: the coordinator's internal state (one object, owned by the
 // coordinator thread). Internal to rollout/coordinator*.cc; the public face is coordinator.h.
-// Its methods live in four files by concern: coordinator.cc (clients, groups, dispatch, the
-// loop), coordinator_replicas.cc (replica messages, weight updates, drain),
+// Its methods live in five files by concern: coordinator.cc (clients, groups, dispatch, the
+// loop), coordinator_replicas.cc (replica messages, drain), coordinator_weights.cc (weight
+// updates),
 // coordinator_wal.cc (logging, durable delivery, re-attach, recovery) and coordinator_tools.cc
 // (the multi-turn tool loop).
 #pragma once
@@ -142,9 +143,17 @@ struct Coordinator::State {
     uint64_t weight_version = 0;
     int64_t running = 0;
     RateMeter rate;
+    // Weight catch-up of a (re)joined replica (coordinator_weights.cc): the request ids of the
+    // updates replayed to it; stale = it cannot serve the live weights (a replay failed, or they
+    // came by NCCL broadcast): nothing is dispatched to it.
+    std::unordered_set<uint64_t> catchup;
+    bool stale = false;
   };
+  // One UpdateWeights in flight to the replicas (coordinator_weights.cc).
   struct PendingUpdate {
+    enum class Kind { kPath, kPart, kCommit, kNccl };
     bool active = false;
+    Kind kind = Kind::kPath;
     std::string client;
     uint64_t request_id = 0;
     std::string path;
@@ -152,8 +161,19 @@ struct Coordinator::State {
     bool drain = false;
     bool sent = false;
     uint64_t replica_request_id = 0;
-    Status error;                     // first replica failure
-    std::unordered_set<int> waiting;  // replicas that have not acked
+    std::string message;                      // the client's UpdateWeights envelope (verified)
+    std::shared_ptr<const std::string> body;  // part / commit: the envelope sent to replicas
+    Status error;                             // first replica failure
+    std::unordered_set<int> waiting;          // replicas that have not acked
+  };
+  // A streamed update between its first part and its commit.
+  struct Stream {
+    bool active = false;
+    std::string client;
+    uint64_t version = 0;
+    Clock::time_point last;                                 // the last part's arrival
+    uint32_t next_part = 0;                                 // UpdateWeights.part expected next
+    std::vector<std::shared_ptr<const std::string>> parts;  // forwarded so far, in order
   };
 
   CoordinatorOptions options;
@@ -178,7 +198,13 @@ struct Coordinator::State {
   bool paused = false;  // Drain
   std::vector<std::pair<std::string, uint64_t>> drain_waiters;
   PendingUpdate update;
+  Stream stream;
   std::string weights_path;  // current weights (sent to late-joining replicas)
+  // Committed streamed updates since the last path or full update, replayed (after
+  // weights_path) to a replica that joins late; nccl_live: the live weights came by NCCL and
+  // cannot be replayed.
+  std::vector<std::shared_ptr<const std::string>> replay;
+  bool nccl_live = false;
   uint64_t weight_version = 0;
   std::optional<engine::NumericsFingerprint> fingerprint;
   uint64_t trajectories_done = 0;
@@ -241,13 +267,26 @@ struct Coordinator::State {
 
   void OnStatus(const std::string& client, uint64_t request_id);
 
-  void OnUpdateWeights(const std::string& client, const wire::Envelope* e);
+  // ---- weight updates (coordinator_weights.cc) ----
 
-  void SendUpdateTo(int r, const std::string& path, uint64_t version, uint64_t request_id);
+  void OnUpdateWeights(const std::string& client, const wire::Envelope* e, const void* data,
+                       size_t size);
 
+  // Sends the update in flight to the live replicas once its drain condition holds; abandons a
+  // stream whose client sent nothing for options.stream_timeout_ms.
   void MaybeSendUpdate();
 
+  // Answers the client once every replica answered (an NCCL update: at the first error).
   void MaybeFinishUpdate();
+
+  // Drops the stream's staged parts on every replica (UpdateWeights.abort).
+  void AbortStream(const char* why);
+
+  // Brings a (re)joined replica to the live weights: path, replayed streamed updates, and the
+  // update in flight; marks it stale when that is impossible.
+  void CatchUp(int r);
+
+  void SendReplicaBytes(int r, std::string_view bytes);
 
   void OnDrain(const std::string& client, uint64_t request_id, bool resume);
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "rollout/commands.h"
+#include "rollout/malloc_tuning.h"
 
 namespace {
 
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   }
   const char* cmd = argv[1];
   using namespace bitroll::rollout;
+  if (!std::strcmp(cmd, "serve") || !std::strcmp(cmd, "replica")) TuneMallocForService();
   if (!std::strcmp(cmd, "serve")) return CmdServe(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "replica")) return CmdReplica(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "cost")) return CmdCost(argc - 1, argv + 1);

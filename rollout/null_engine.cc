@@ -4,6 +4,8 @@
 #include <chrono>
 #include <thread>
 
+#include "engine/model_weights.h"
+
 namespace bitroll::rollout {
 
 namespace {
@@ -92,6 +94,14 @@ Status NullEngine::Abort(uint64_t id) {
 
 Status NullEngine::UpdateWeights(const std::string& path, uint64_t version) {
   salt_ = path.empty() ? 0 : Mix(Fnv1a(path.data(), path.size()));
+  version_ = version;
+  return Status::Ok();
+}
+
+Status NullEngine::InstallWeights(std::shared_ptr<const engine::ModelWeights> weights,
+                                  uint64_t version) {
+  if (weights == nullptr) return Status::InvalidArgument("update weights: no weights");
+  salt_ = Mix(weights->weights_hash);
   version_ = version;
   return Status::Ok();
 }

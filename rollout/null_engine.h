@@ -64,6 +64,10 @@ class NullEngine final : public engine::Engine {
   engine::EngineStats stats() const override { return stats_; }
   const engine::Tokenizer* tokenizer() const override { return nullptr; }
   Status UpdateWeights(const std::string& path, uint64_t version) override;
+  // Takes the weights' hash as its salt (the NullEngine has no weights of its own).
+  Status InstallWeights(std::shared_ptr<const engine::ModelWeights> weights,
+                        uint64_t version) override;
+  std::shared_ptr<const engine::ModelWeights> weights() const override { return nullptr; }
 
  private:
   struct Seq {

@@ -74,5 +74,21 @@ TEST(PythonClientTest, SameBitsAsCppClientForAnyReplicaCount) {
   EXPECT_NE(std::memcmp(flipped.data(), py.data(), py.size()), 0);
 }
 
+// examples/python/stream_weights.py --self-test: the Python client streams stories260K's
+// tensors into `bitroll serve` running random weights of its shape; the trajectories then equal
+// (bit for bit) those of a service started on stories260K, and not before; a misnamed tensor is
+// refused with a typed error and installs nothing.
+TEST(PythonClientTest, StreamedWeightsEqualTheModelsOwnService) {
+  if (access("/usr/bin/python3", X_OK) != 0 || !PythonHasModules()) {
+    GTEST_SKIP() << "SKIPPED LOUDLY: /usr/bin/python3 with python3-zmq, python3-flatbuffers and "
+                    "python3-numpy is required";
+  }
+  const std::string cmd = std::string("BITROLL_MODELS_DIR=") + BITROLL_MODELS_DIR +
+                          " /usr/bin/python3 " + BITROLL_SOURCE_DIR +
+                          "/examples/python/stream_weights.py --self-test --bitroll " + BITROLL_EXE;
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << cmd;
+}
+
 }  // namespace
 }  // namespace bitroll::rollout

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "rollout/protocol.h"
+#include "rollout/replica_weights.h"
 #include "rollout/tool_detect.h"
 
 #if __has_include("engine/tokenizer.h")
@@ -47,7 +48,10 @@ flatbuffers::Offset<wire::Fingerprint> BuildFingerprint(flatbuffers::FlatBufferB
 class ReplicaLoop {
  public:
   ReplicaLoop(engine::Engine& engine, zmq::context_t& ctx, const ReplicaOptions& options)
-      : engine_(engine), sock_(ctx, zmq::socket_type::dealer), options_(options) {}
+      : engine_(engine),
+        sock_(ctx, zmq::socket_type::dealer),
+        options_(options),
+        weights_(engine, options.name) {}
 
   Status Run(const std::string& endpoint, const std::atomic<bool>& stop) {
     try {
@@ -133,12 +137,14 @@ class ReplicaLoop {
       }
       case wire::Message_UpdateWeights: {
         const auto* u = e->msg_as_UpdateWeights();
-        const std::string path = u->path() ? u->path()->str() : std::string();
-        Status s = engine_.UpdateWeights(path, u->version());
+        const uint64_t before = weights_.version();
+        Status s = weights_.Apply(*u);
         flatbuffers::FlatBufferBuilder fbb(128);
         if (s.ok()) {
-          version_ = u->version();
-          spdlog::info("replica={} weights path={} version={}", options_.name, path, version_);
+          version_ = weights_.version();
+          if (version_ != before || u->path() != nullptr) {
+            spdlog::info("replica={} weights version={} live", options_.name, version_);
+          }
           auto ack = wire::CreateAck(fbb, 0, 0, 0, version_);
           FinishEnvelope(fbb, e->request_id(), wire::Message_Ack, ack.Union());
         } else {
@@ -428,6 +434,7 @@ class ReplicaLoop {
   engine::Engine& engine_;
   zmq::socket_t sock_;
   const ReplicaOptions& options_;
+  ReplicaWeights weights_;                       // applies UpdateWeights messages
   std::unordered_map<uint64_t, ItemMeta> meta_;  // live work items by work_id
   int64_t streaming_ = 0;                        // live items with stream_tokens
   int64_t detecting_ = 0;                        // live items with a tool/stop detector

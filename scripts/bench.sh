@@ -3,7 +3,8 @@
 # docs/benchmarks.md. Machines are shared and noisy: every figure is a median of repetitions, and
 # ratios are taken within one run.
 #
-#   scripts/bench.sh [kernels|engine|serving|wal|wal_service|sandbox|coordinator|service ...]
+#   scripts/bench.sh [kernels|engine|serving|wal|wal_service|sandbox|coordinator|service|
+#                     weights_update ...]
 #   (default: all but service and wal_service, which take minutes)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +29,7 @@ for b in "${want[@]}"; do
     engine) "$exe" --models-dir "$models" --work "$work" --reps 3 ;;
     serving) "$exe" --models-dir "$models" --work "$work" ;;
     service | wal_service) "$exe" --models "$models" --work "$work" ;;
+    weights_update) "$exe" --work "$work/weights" ;;
     *) "$exe" ;;
   esac
 done

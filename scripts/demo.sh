@@ -89,6 +89,10 @@ echo
 echo "== multi-turn rollouts with a tool: the model's text between \" was\" and \".\" is a call to echo =="
 /usr/bin/python3 "$root/examples/python/tool_rollout.py" --endpoint "$endpoint" --n 4
 echo
+echo "== a trainer streams new weights: random weights become stories260K, tensor by tensor =="
+BITROLL_MODELS_DIR="${BITROLL_MODELS_DIR:-$root/../shared/models}" /usr/bin/python3 "$root/examples/python/stream_weights.py" \
+  --bitroll "$bitroll" --self-test
+echo
 echo "== bitroll cost: what every trajectory cost (price: \$2.50 per replica-hour) =="
 "$bitroll" cost "$tmp/trajectories.jsonl" --price-replica-hour 2.50 > "$tmp/cost.txt"
 sed -n '1,12p' "$tmp/cost.txt"

@@ -154,11 +154,14 @@ benches=(bench_cuda_gemm bench_cuda_attention)
 if [ "$engine_ok" = 1 ]; then
   tests+=(cuda_engine_test)
   benches+=(bench_cuda_engine)
+  # NCCL weight broadcast receiver (engine/nccl_weights.h): the timeout/abort path on 1 GPU; the
+  # 2-rank bit-exact broadcast skips ("needs 2 GPUs") on a one-GPU machine.
+  tests+=(engine_nccl_weights_test)
 fi
 # binary NAME: where the target's executable lands.
 binary() {
   case "$1" in
-    cuda_engine_test | bench_cuda_engine) echo "$build/engine/$1" ;;
+    cuda_engine_test | bench_cuda_engine | engine_nccl_weights_test) echo "$build/engine/$1" ;;
     *) echo "$build/kernels/$1" ;;
   esac
 }

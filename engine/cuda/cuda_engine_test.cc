@@ -168,16 +168,8 @@ TEST(CudaEngineGolden, GreedyIdsEqualTheGoldenOutput) {
   BR_REQUIRE_GPU();
   std::vector<int32_t> prompt, seq;
   ASSERT_TRUE(ReadGoldenIds(ModelsDir() + "/golden/once_upon_n256.ids.txt", &prompt, &seq));
-  SequenceRequest r;
-  r.id = 1;
-  r.prompt = prompt;
-  r.sampling.temperature = 0.0f;
-  r.stop.max_tokens = 256 - static_cast<int32_t>(prompt.size()) + 1;  // run.c: pos < steps
-  r.stop.stop_at_eos = false;
-  r.stop.stop_at_bos = true;
-  const SequenceOutput out = RunAloneGpu(GpuSetup{}, r);
-  std::vector<int32_t> got(prompt.begin() + 1, prompt.end());
-  got.insert(got.end(), out.tokens.begin(), out.tokens.end());
+  const SequenceOutput out = RunAloneGpu(GpuSetup{}, testing_util::RunCRequest(1, prompt, 256));
+  const std::vector<int32_t> got = testing_util::RunCSequence(prompt, out.tokens);
   size_t first_diff = 0;
   while (first_diff < got.size() && first_diff < seq.size() && got[first_diff] == seq[first_diff]) {
     ++first_diff;

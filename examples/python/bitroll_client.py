@@ -11,6 +11,7 @@ point at the schema when this file is used outside the source tree, and BITROLL_
         print(traj.sample_index, traj.ids, traj.logprobs)
     print(group.summary)        # GroupDone: counts and summed cost
     client.update_weights("/path/to/weights.bin", version=2, drain=True)
+    client.update_weights_tensors([("norm.weight", np.ones(64, np.float32))], version=3)
     print(client.status())
 
 A Client is not thread-safe: use one per thread.
@@ -68,6 +69,8 @@ from bitroll.wire.SamplingParams import SamplingParamsT  # noqa: E402
 from bitroll.wire.SubmitRollouts import SubmitRolloutsT  # noqa: E402
 from bitroll.wire.Abort import AbortT  # noqa: E402
 from bitroll.wire.UpdateWeights import UpdateWeightsT  # noqa: E402
+from bitroll.wire.TensorFrame import TensorFrameT  # noqa: E402
+from bitroll.wire.NcclWeights import NcclWeightsT  # noqa: E402
 from bitroll.wire.Status import StatusT  # noqa: E402
 from bitroll.wire.Drain import DrainT  # noqa: E402
 from bitroll.wire.Ack import AckT  # noqa: E402
@@ -363,6 +366,101 @@ class Client:
         u.drain = drain
         rid = self._send(Message.UpdateWeights, u)
         env = self._wait_reply(rid)
+        ack = _Ack()
+        ack.Init(env.Msg().Bytes, env.Msg().Pos)
+        return ack.WeightVersion()
+
+    def update_weights_tensors(self, tensors, version, drain=False, full=False,
+                               part_bytes=1 << 20):
+        """Streams tensors to every replica and installs them under `version`.
+
+        tensors: iterable of (name, array) or (name, array, dtype). `array` is a numpy array
+        (float32 -> "f32", float16 -> "f16"); bfloat16 goes as a uint16 array of its bits with
+        dtype "bf16". Names are those of the served model's format (docs/weights.md). Tensors
+        not sent keep their values; full=True makes the replicas check that every tensor was
+        sent. Parts of at most part_bytes are acknowledged one by one; on an error the stream is
+        aborted and nothing is installed. Returns the live version.
+        """
+        if not 4096 <= part_bytes <= (48 << 20):
+            raise ValueError("part_bytes must be in [4096, 48 MiB]")
+        items = []
+        for t in tensors:
+            name, arr = t[0], np.ascontiguousarray(t[1])
+            dtype = t[2] if len(t) > 2 else {np.dtype(np.float32): "f32",
+                                              np.dtype(np.float16): "f16"}.get(arr.dtype)
+            if dtype not in ("f32", "f16", "bf16"):
+                raise ValueError(f"tensor {name}: unsupported dtype {arr.dtype}")
+            items.append((name, dtype, list(arr.shape), arr.reshape(-1).view(np.uint8)))
+        part, ti, off = 0, 0, 0
+        while True:
+            frames, budget = [], part_bytes
+            while ti < len(items) and budget > 0:
+                name, dtype, shape, raw = items[ti]
+                es = 4 if dtype == "f32" else 2
+                take = min(len(raw) - off, budget)
+                if take < len(raw) - off:
+                    take -= take % es
+                if take == 0 and len(raw) > 0:
+                    break
+                f = TensorFrameT()
+                f.name, f.dtype, f.shape, f.offset = name, dtype, shape, off
+                f.data = raw[off:off + take]
+                frames.append(f)
+                budget -= take
+                off += take
+                if off == len(raw):
+                    ti, off = ti + 1, 0
+            last = ti == len(items)
+            u = UpdateWeightsT()
+            u.version, u.drain, u.tensors, u.more, u.full, u.part = (
+                version, drain, frames, not last, full, part)
+            part += 1
+            try:
+                live = self.wait_update_reply(self._send(Message.UpdateWeights, u))
+            except BitrollError:
+                a = UpdateWeightsT()
+                a.version, a.abort = version, True
+                self._send(Message.UpdateWeights, a)  # best effort; the reply is not awaited
+                raise
+            if last:
+                return live
+
+    def begin_update_weights_nccl(self, unique_id, world_size, manifest, version, drain=False):
+        """Announces an NCCL broadcast (unique_id: the 128 ncclUniqueId bytes of the trainer,
+        rank 0; world_size: 1 + live replicas; manifest: [(name, dtype, shape)] in broadcast
+        order). Returns the request id; wait_update_reply() gives the outcome.
+        examples/python/nccl_update_weights.py drives the whole broadcast."""
+        if len(unique_id) != 128:
+            raise ValueError("unique_id must have 128 bytes")
+        n = NcclWeightsT()
+        n.uniqueId = np.frombuffer(bytes(unique_id), dtype=np.uint8)
+        n.worldSize = world_size
+        n.tensors = []
+        for name, dtype, shape in manifest:
+            f = TensorFrameT()
+            f.name, f.dtype, f.shape = name, dtype, list(shape)
+            n.tensors.append(f)
+        u = UpdateWeightsT()
+        u.version, u.drain, u.nccl = version, drain, n
+        return self._send(Message.UpdateWeights, u)
+
+    def wait_update_reply(self, rid, timeout_ms=None):
+        """The live version once the update `rid` is installed everywhere; raises the update's
+        BitrollError, or BitrollError("timeout") when no reply came within timeout_ms (0 polls)."""
+        if timeout_ms is not None:
+            self._waiting_rid = rid
+            try:
+                while rid not in self._replies:
+                    if not self._sock.poll(timeout_ms):
+                        raise BitrollError("timeout", f"no reply within {timeout_ms} ms")
+                    self._pump(0)
+            finally:
+                self._waiting_rid = None
+            env = self._replies.pop(rid)
+            if isinstance(env, BitrollError):
+                raise env
+        else:
+            env = self._wait_reply(rid)
         ack = _Ack()
         ack.Init(env.Msg().Bytes, env.Msg().Pos)
         return ack.WeightVersion()

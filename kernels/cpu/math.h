@@ -150,6 +150,30 @@ inline uint16_t F32ToBf16(float f) {
   return static_cast<uint16_t>(rounded >> 16);
 }
 
+// fp32 -> IEEE binary16, round to nearest even (subnormal results included, overflow to
+// infinity); a NaN stays a quiet NaN with the top payload bits, as the F16C instruction
+// vcvtps2ph with rounding mode 0 does.
+inline uint16_t F32ToF16(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs = bits & 0x7FFFFFFFu;
+  if (abs > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((abs >> 13) & 0x3FFu));
+  if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds past 65504
+  if (abs < 0x38800000u) {  // below the smallest normal half (2^-14): a subnormal or zero
+    if (abs < 0x33000000u) return sign;  // below half the smallest subnormal (2^-25): zero
+    const uint32_t exp = abs >> 23;
+    const uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;
+    const uint32_t shift = 126u - exp;  // 14..24: value = mant * 2^(exp-150) in units of 2^-24
+    const uint32_t q = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1u);
+    const uint32_t r = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+    return static_cast<uint16_t>(sign | r);
+  }
+  const uint32_t rounded = abs + 0xFFFu + ((abs >> 13) & 1u);  // nearest even at bit 13
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
 // IEEE binary16 -> fp32, exact (subnormals and infinities included); a NaN keeps its payload and
 // is made quiet, bit-identical to the F16C instruction vcvtph2ps.
 inline float F16ToF32(uint16_t h) {

@@ -203,6 +203,41 @@ TEST(MathTest, F16ToF32IsExactForAllHalves) {
   }
 }
 
+TEST(MathTest, F32ToF16MatchesHardwareRounding) {
+  if (!IsaSupported(Isa::kAvx2)) GTEST_SKIP() << "CPU lacks F16C: no hardware reference";
+  for (uint32_t h = 0; h < 65536; ++h) {  // every half survives the round trip
+    const float f = F16ToF32(static_cast<uint16_t>(h));
+    ASSERT_EQ(F32ToF16(f), testing::HardwareF32ToF16(f)) << "half " << h;
+    if (!std::isnan(f)) {
+      ASSERT_EQ(F32ToF16(f), h);
+    }
+  }
+  // Every float whose exponent a half can reach or round to, plus random bit patterns: ties,
+  // subnormal results, overflow to infinity, NaNs.
+  std::mt19937 rng(11);
+  int checked = 0;
+  for (uint32_t top = 0; top < 0x10000u; ++top) {
+    for (uint32_t low : {0u, 0x1000u, 0x0FFFu, 0x1001u, 0x2000u, 0x3000u, 0xFFFFu}) {
+      const float f = std::bit_cast<float>((top << 16) | low);
+      ASSERT_EQ(F32ToF16(f), testing::HardwareF32ToF16(f)) << std::hex << (top << 16 | low);
+      ++checked;
+    }
+  }
+  for (int i = 0; i < 1000000; ++i) {
+    const float f = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+    ASSERT_EQ(F32ToF16(f), testing::HardwareF32ToF16(f)) << std::hex << std::bit_cast<uint32_t>(f);
+  }
+  EXPECT_EQ(checked, 0x10000 * 7);
+  // Negative control: truncation instead of rounding differs from the hardware somewhere.
+  int truncation_differs = 0;
+  for (uint32_t m = 0; m < 0x2000u; ++m) {
+    const float f = std::bit_cast<float>(0x3F800000u | m);
+    const uint16_t truncated = static_cast<uint16_t>(((0x3F800000u | m) - 0x38000000u) >> 13);
+    truncation_differs += truncated != testing::HardwareF32ToF16(f);
+  }
+  EXPECT_GT(truncation_differs, 0);
+}
+
 TEST(MathTest, Bf16RoundTripAndRounding) {
   for (uint32_t h = 0; h < 65536; ++h) {
     const float f = Bf16ToF32(static_cast<uint16_t>(h));

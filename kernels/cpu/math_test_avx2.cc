@@ -19,4 +19,9 @@ float HardwareF16ToF32(uint16_t h) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h))));
 }
 
+uint16_t HardwareF32ToF16(float f) {
+  return static_cast<uint16_t>(
+      _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0));
+}
+
 }  // namespace bitroll::kernels::testing

@@ -16,5 +16,7 @@ float ReduceSum16Avx512(const float* lanes);
 float ReduceMax16Avx512(const float* lanes);
 // Hardware F16C conversion of one half (the reference for F16ToF32).
 float HardwareF16ToF32(uint16_t h);
+// Hardware F16C conversion of one float, round to nearest even (the reference for F32ToF16).
+uint16_t HardwareF32ToF16(float f);
 
 }  // namespace bitroll::kernels::testing

@@ -1,0 +1,343 @@
+// The coordinator's weight updates: from a path, streamed in parts, or broadcast over NCCL; the
+// catch-up of replicas that join late. schema/rollout.fbs (UpdateWeights) has the protocol,
+// docs/weights.md the guide.
+#include "rollout/coordinator_state.h"
+
+namespace bitroll::rollout {
+
+namespace {
+
+using Kind = Coordinator::State::PendingUpdate::Kind;
+
+// A copy of `u` as the envelope a replica gets: its own request id and, for NCCL, its rank.
+std::string EncodeForReplica(const wire::UpdateWeights& u, uint64_t request_id, int rank) {
+  size_t bytes = 1024;
+  if (u.tensors() != nullptr) {
+    for (const wire::TensorFrame* f : *u.tensors())
+      bytes += (f->data() ? f->data()->size() : 0) + 256;
+  }
+  flatbuffers::FlatBufferBuilder fbb(bytes);
+  auto frames = [&](const flatbuffers::Vector<flatbuffers::Offset<wire::TensorFrame>>* v) {
+    std::vector<flatbuffers::Offset<wire::TensorFrame>> out;
+    if (v == nullptr) return out;
+    for (const wire::TensorFrame* f : *v) {
+      auto name = fbb.CreateString(f->name() ? f->name()->string_view() : std::string_view());
+      auto dtype = fbb.CreateString(f->dtype() ? f->dtype()->string_view() : std::string_view());
+      auto shape = f->shape() ? fbb.CreateVector(f->shape()->data(), f->shape()->size())
+                              : fbb.CreateVector(std::vector<int64_t>{});
+      auto data = f->data() ? fbb.CreateVector(f->data()->data(), f->data()->size())
+                            : fbb.CreateVector(std::vector<uint8_t>{});
+      out.push_back(wire::CreateTensorFrame(fbb, name, dtype, shape, data, f->offset()));
+    }
+    return out;
+  };
+  flatbuffers::Offset<wire::NcclWeights> nccl = 0;
+  if (const wire::NcclWeights* n = u.nccl()) {
+    auto id = n->unique_id() ? fbb.CreateVector(n->unique_id()->data(), n->unique_id()->size())
+                             : fbb.CreateVector(std::vector<uint8_t>{});
+    auto manifest = frames(n->tensors());
+    nccl = wire::CreateNcclWeights(fbb, id, n->world_size(), rank, fbb.CreateVector(manifest));
+  }
+  auto tensors = frames(u.tensors());
+  auto path = u.path() ? fbb.CreateString(u.path()->string_view()) : 0;
+  auto m = wire::CreateUpdateWeights(fbb, path, u.version(), u.drain(),
+                                     u.tensors() ? fbb.CreateVector(tensors) : 0, u.more(),
+                                     u.full(), nccl, u.abort());
+  FinishEnvelope(fbb, request_id, wire::Message_UpdateWeights, m.Union());
+  return std::string(BufferView(fbb));
+}
+
+std::string EncodePath(const std::string& path, uint64_t version, uint64_t request_id) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto m = wire::CreateUpdateWeights(fbb, fbb.CreateString(path), version, false);
+  FinishEnvelope(fbb, request_id, wire::Message_UpdateWeights, m.Union());
+  return std::string(BufferView(fbb));
+}
+
+std::string EncodeAbort(uint64_t version) {
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto m = wire::CreateUpdateWeights(fbb, 0, version, false, 0, false, false, 0, /*abort=*/true);
+  FinishEnvelope(fbb, 0, wire::Message_UpdateWeights, m.Union());
+  return std::string(BufferView(fbb));
+}
+
+int LiveReplicas(const std::vector<Coordinator::State::Replica>& replicas) {
+  int n = 0;
+  for (const auto& r : replicas) n += r.alive ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+void Coordinator::State::SendReplicaBytes(int r, std::string_view bytes) {
+  try {
+    back.send(zmq::buffer(replicas[r].identity), zmq::send_flags::sndmore);
+    back.send(zmq::buffer(bytes), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    spdlog::warn("coordinator: send to replica {} failed: {}", replicas[r].name, e.what());
+    if (e.num() == EHOSTUNREACH) dead_replicas.insert(r);
+  }
+}
+
+void Coordinator::State::OnUpdateWeights(const std::string& client, const wire::Envelope* e,
+                                         const void* data, size_t size) {
+  const wire::UpdateWeights* u = e->msg_as_UpdateWeights();
+  const uint64_t rid = e->request_id();
+  const bool has_path = u->path() != nullptr && u->path()->size() > 0;
+  const bool streamed = u->tensors() != nullptr || u->more() || u->abort();
+  const bool nccl = u->nccl() != nullptr;
+  if (has_path + streamed + nccl != 1) {
+    return SendError(
+        client, rid,
+        Status::InvalidArgument(has_path + streamed + nccl == 0
+                                    ? "UpdateWeights: no path, tensors or nccl source"
+                                    : "UpdateWeights: give exactly one of path, tensors or nccl"));
+  }
+  if (update.active) {
+    return SendError(client, rid,
+                     Status::FailedPrecondition("another weight update is in progress"));
+  }
+  const bool same_stream =
+      stream.active && stream.client == client && stream.version == u->version();
+  if (stream.active && stream.client != client) {
+    return SendError(client, rid,
+                     Status::FailedPrecondition("a streamed weight update (version " +
+                                                std::to_string(stream.version) +
+                                                ") from another client is in progress"));
+  }
+  if (u->abort()) {
+    if (same_stream) AbortStream("the client aborted it");
+    return SendAck(client, rid, weight_version);
+  }
+  if (streamed) {
+    const uint32_t want = same_stream ? stream.next_part : 0;
+    if (u->part() != want) {
+      return SendError(
+          client, rid,
+          Status::FailedPrecondition(
+              "streamed update version " + std::to_string(u->version()) + ": part " +
+              std::to_string(u->part()) + " arrived, expected part " + std::to_string(want) +
+              (want == 0 ? " (no stream of this version is open: it was never started, or it was "
+                           "abandoned after a failure or stream_timeout_ms; resend from part 0)"
+                         : "")));
+    }
+  }
+  if (stream.active && !same_stream) AbortStream("its client started another update");
+  if (nccl) {
+    const int live = LiveReplicas(replicas);
+    if (u->nccl()->world_size() != live + 1) {
+      return SendError(
+          client, rid,
+          Status::FailedPrecondition(
+              "nccl update: world_size is " + std::to_string(u->nccl()->world_size()) + " but " +
+              std::to_string(live) + " replicas are live (world_size must be 1 + live replicas)"));
+    }
+  }
+  update = PendingUpdate{};
+  update.active = true;
+  update.client = client;
+  update.request_id = rid;
+  update.version = u->version();
+  update.drain = u->drain();
+  update.replica_request_id = next_update_id++;
+  if (has_path) {
+    update.kind = Kind::kPath;
+    update.path = u->path()->str();
+  } else if (nccl) {
+    update.kind = Kind::kNccl;
+    update.message.assign(static_cast<const char*>(data), size);
+  } else {
+    update.kind = u->more() ? Kind::kPart : Kind::kCommit;
+    update.body =
+        std::make_shared<const std::string>(EncodeForReplica(*u, update.replica_request_id, 0));
+    if (!stream.active) {
+      stream = Stream{};
+      stream.active = true;
+      stream.client = client;
+      stream.version = u->version();
+    }
+    stream.last = Clock::now();
+    stream.next_part = u->part() + 1;
+  }
+  spdlog::info("coordinator: update weights version={} kind={} drain={}", update.version,
+               update.kind == Kind::kPath     ? "path " + update.path
+               : update.kind == Kind::kNccl   ? std::string("nccl")
+               : update.kind == Kind::kCommit ? std::string("commit")
+                                              : std::string("part"),
+               update.drain);
+  MaybeSendUpdate();
+}
+
+void Coordinator::State::MaybeSendUpdate() {
+  if (stream.active && !update.active &&
+      Clock::now() - stream.last > std::chrono::milliseconds(options.stream_timeout_ms)) {
+    AbortStream("no part arrived within stream_timeout_ms");
+  }
+  if (!update.active || update.sent) return;
+  // Parts only stage; the swap (path, commit, nccl) waits for in-flight work when draining.
+  if (update.kind != Kind::kPart && update.drain && works.size() - queued > 0) return;
+  update.sent = true;
+  int rank = 1;
+  for (int r = 0; r < static_cast<int>(replicas.size()); ++r) {
+    if (!replicas[r].alive) continue;
+    update.waiting.insert(r);
+    switch (update.kind) {
+      case Kind::kPath:
+        SendReplicaBytes(r, EncodePath(update.path, update.version, update.replica_request_id));
+        break;
+      case Kind::kNccl: {
+        auto env = DecodeEnvelope(update.message.data(), update.message.size(), options.decode);
+        if (env.ok()) {
+          SendReplicaBytes(r, EncodeForReplica(*(*env)->msg_as_UpdateWeights(),
+                                               update.replica_request_id, rank++));
+        }
+        break;
+      }
+      case Kind::kPart:
+      case Kind::kCommit:
+        SendReplicaBytes(r, *update.body);
+        break;
+    }
+  }
+  if (update.kind == Kind::kPart || update.kind == Kind::kCommit) {
+    stream.parts.push_back(update.body);
+  }
+  MaybeFinishUpdate();
+}
+
+void Coordinator::State::MaybeFinishUpdate() {
+  if (!update.active || !update.sent) return;
+  const bool early_error = update.kind == Kind::kNccl && !update.error.ok();
+  if (!update.waiting.empty() && !early_error) return;
+  if (!update.error.ok()) {
+    SendError(update.client, update.request_id, update.error);
+    if (update.kind == Kind::kPart || update.kind == Kind::kCommit) {
+      AbortStream("a replica failed a part");
+    }
+    update = PendingUpdate{};
+    return;
+  }
+  switch (update.kind) {
+    case Kind::kPart:
+      SendAck(update.client, update.request_id, weight_version);  // staged; nothing live yet
+      update = PendingUpdate{};
+      return;
+    case Kind::kPath:
+      weights_path = update.path;
+      replay.clear();
+      nccl_live = false;
+      break;
+    case Kind::kCommit: {
+      auto env = DecodeEnvelope(update.body->data(), update.body->size(), options.decode);
+      const bool full = env.ok() && (*env)->msg_as_UpdateWeights()->full();
+      if (full) replay.clear();
+      replay.insert(replay.end(), stream.parts.begin(), stream.parts.end());
+      stream = Stream{};
+      nccl_live = false;
+      break;
+    }
+    case Kind::kNccl:
+      replay.clear();
+      nccl_live = true;
+      break;
+  }
+  weight_version = update.version;
+  spdlog::info("coordinator: weights version={} live on every replica", weight_version);
+  SendAck(update.client, update.request_id, update.version);
+  update = PendingUpdate{};
+}
+
+void Coordinator::State::AbortStream(const char* why) {
+  if (!stream.active) return;
+  spdlog::warn("coordinator: streamed update version={} abandoned: {}", stream.version, why);
+  const std::string bytes = EncodeAbort(stream.version);
+  for (int r = 0; r < static_cast<int>(replicas.size()); ++r) {
+    if (replicas[r].alive) SendReplicaBytes(r, bytes);
+  }
+  stream = Stream{};
+}
+
+void Coordinator::State::OnUpdateReply(int r, uint64_t request_id, Status s) {
+  Replica& rep = replicas[r];
+  if (rep.catchup.erase(request_id) > 0) {
+    if (!s.ok()) {
+      spdlog::error(
+          "coordinator: replica {} cannot catch up with weights version={}: {}; "
+          "nothing is dispatched to it",
+          rep.name, weight_version, s.ToString());
+      rep.stale = true;
+    }
+    return;
+  }
+  if (!s.ok()) {
+    spdlog::error("coordinator: replica {} failed a weight update: {}", rep.name, s.ToString());
+  }
+  if (!update.active || !update.sent || request_id != update.replica_request_id) return;
+  if (!s.ok() && update.error.ok()) update.error = s.WithContext(rep.name);
+  if (s.ok() && update.kind != Kind::kPart) rep.stale = false;  // it serves the new weights
+  update.waiting.erase(r);
+  MaybeFinishUpdate();
+}
+
+void Coordinator::State::CatchUp(int r) {
+  Replica& rep = replicas[r];
+  // Messages on a replica's pipe are handled in order, so the replays come before any work.
+  if (rep.weight_version != weight_version) {
+    if (nccl_live) {
+      spdlog::error(
+          "coordinator: replica {} joined at weights version={}, but version={} came "
+          "by NCCL broadcast and cannot be replayed; nothing is dispatched to it until "
+          "the next update",
+          rep.name, rep.weight_version, weight_version);
+      rep.stale = true;
+    } else {
+      if (!weights_path.empty()) {
+        const uint64_t id = next_update_id++;
+        rep.catchup.insert(id);
+        SendReplicaBytes(r, EncodePath(weights_path, weight_version, id));
+      }
+      for (const auto& body : replay) {
+        auto env = DecodeEnvelope(body->data(), body->size(), options.decode);
+        if (!env.ok()) continue;
+        rep.catchup.insert((*env)->request_id());
+        SendReplicaBytes(r, *body);
+      }
+    }
+  }
+  if (!update.active || !update.sent) {
+    if (stream.active) {  // between two parts: stage the earlier ones too
+      for (const auto& body : stream.parts) {
+        auto env = DecodeEnvelope(body->data(), body->size(), options.decode);
+        if (env.ok()) rep.catchup.insert((*env)->request_id());
+        SendReplicaBytes(r, *body);
+      }
+    }
+    return;
+  }
+  switch (update.kind) {
+    case Kind::kNccl:  // the communicator's size is fixed: it cannot join
+      spdlog::error(
+          "coordinator: replica {} joined during an NCCL weight update; nothing is "
+          "dispatched to it until the next update",
+          rep.name);
+      rep.stale = true;
+      return;
+    case Kind::kPath:
+      update.waiting.insert(r);
+      SendReplicaBytes(r, EncodePath(update.path, update.version, update.replica_request_id));
+      return;
+    case Kind::kPart:
+    case Kind::kCommit:
+      for (const auto& body : stream.parts) {
+        if (body == update.body) continue;  // the one in flight, sent below
+        auto env = DecodeEnvelope(body->data(), body->size(), options.decode);
+        if (env.ok()) rep.catchup.insert((*env)->request_id());
+        SendReplicaBytes(r, *body);
+      }
+      update.waiting.insert(r);
+      SendReplicaBytes(r, *update.body);
+      return;
+  }
+}
+
+}  // namespace bitroll::rollout

@@ -415,6 +415,7 @@ Result<StatusInfo> Client::GetStatus(int timeout_ms) {
   r.trajectories_done = s->trajectories_done();
   r.weight_version = s->weight_version();
   r.draining = s->draining();
+  r.waiting_for_weights = s->waiting_for_weights();
   return r;
 }
 

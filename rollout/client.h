@@ -141,6 +141,7 @@ struct StatusInfo {
   uint64_t trajectories_done = 0;
   uint64_t weight_version = 0;
   bool draining = false;
+  uint32_t waiting_for_weights = 0;  // recovered trajectories waiting for their weights version
 };
 
 struct Event {

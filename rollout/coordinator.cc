@@ -187,6 +187,7 @@ void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::Tr
     w.calls = lt.calls;
     w.cost.sandbox_seconds = lt.sandbox_seconds;
     w.cost.sandbox_cpu_seconds = lt.sandbox_cpu_seconds;
+    if (!log->spans.empty()) w.needs_version = log->spans.back().weight_version;
     if (lt.pending_call && !w.calls.back().replayed) {
       rerun = true;
     } else if (lt.pending_call) {
@@ -202,8 +203,7 @@ void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::Tr
     StartCall(&it->second, static_cast<uint32_t>(it->second.calls.size() - 1));
     return;
   }
-  queue[g->submit->priority()].push_back(id);
-  ++queued;
+  Enqueue(&it->second);
 }
 
 void Coordinator::State::FinishGroupIfDone(Group* g) {
@@ -293,6 +293,11 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
         r.rate.PerSecond(now), r.weight_version, r.alive, r.remote));
   }
   const double denom = static_cast<double>(total_cached + total_computed);
+  uint32_t waiting = 0;
+  for (uint64_t id : waiting_weights) {
+    auto it = works.find(id);
+    waiting += it != works.end() && it->second.replica < 0 && !it->second.tool_running ? 1 : 0;
+  }
   auto reply = wire::CreateStatusReply(
       fbb, kProtocolVersion, static_cast<uint32_t>(queued),
       static_cast<uint32_t>(works.size() - queued), static_cast<uint32_t>(groups.size()),
@@ -304,7 +309,8 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
       wal ? wal->counters.forced_mismatches : 0, wal ? wal->stats().bytes_written : 0,
       wal && !wal->status().ok() ? wire::CreateError(fbb, ToWire(wal->status().code()),
                                                      fbb.CreateString(wal->status().message()))
-                                 : 0);
+                                 : 0,
+      waiting);
   FinishEnvelope(fbb, request_id, wire::Message_StatusReply, reply.Union());
   SendClient(client, BufferView(fbb));
 }
@@ -358,6 +364,7 @@ void Coordinator::State::Dispatch() {
       dq.pop_front();
       --queued;
       w.replica = r;
+      w.needs_version = 0;
       w.queue_seconds += Seconds(now - w.enqueued);
       replicas[r].inflight.insert(id);
       if (wal) LogDispatch(&w);
@@ -498,6 +505,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(
   if (!options.wal.dir.empty()) {
     BR_ASSIGN_OR_RETURN(s.wal, WalLog::Open(options.wal));
     if (!engines.empty()) s.eos_id = engines[0]->info().eos_id;
+    s.RestoreLiveWeights();
     BR_RETURN_IF_ERROR(s.RecoverFromWal());
   }
   c->engines_ = std::move(engines);

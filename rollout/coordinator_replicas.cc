@@ -121,8 +121,7 @@ void Coordinator::State::ReplicaDead(int r, const char* why) {
     Work& w = it->second;
     w.replica = -1;
     w.enqueued = Clock::now();
-    queue[w.group->submit->priority()].push_front(id);
-    ++queued;
+    Enqueue(&w, /*front=*/true);
   }
   rep.inflight.clear();
   if (update.active) {

@@ -125,6 +125,9 @@ struct Coordinator::State {
     std::vector<ToolOutcome> calls;
     bool tool_running = false;  // in the tool runner: neither queued nor dispatched
     CostInfo cost;              // engine cost of the finished turns + sandbox cost
+    // WAL recovery: the weights version of its last logged tokens; it is not dispatched while
+    // the live version is older (0: no constraint; cleared once dispatched).
+    uint64_t needs_version = 0;
   };
   struct HeldDelivery {  // finished, waiting for its finish record to be durable
     uint64_t traj = 0;
@@ -205,6 +208,8 @@ struct Coordinator::State {
   // cannot be replayed.
   std::vector<std::shared_ptr<const std::string>> replay;
   bool nccl_live = false;
+  // Queued work that waits for its Work::needs_version to be live (counted in `queued`).
+  std::vector<uint64_t> waiting_weights;
   uint64_t weight_version = 0;
   std::optional<engine::NumericsFingerprint> fingerprint;
   uint64_t trajectories_done = 0;
@@ -287,6 +292,19 @@ struct Coordinator::State {
   void CatchUp(int r);
 
   void SendReplicaBytes(int r, std::string_view bytes);
+
+  // Queues `w` for dispatch (at the front: a failover), or parks it in waiting_weights while
+  // its needs_version is newer than the live weights.
+  void Enqueue(Work* w, bool front = false);
+
+  // Queues the parked work whose weights version is now live.
+  void ReleaseWaitingWork();
+
+  // With a WAL: the live weights' source ("path", "tensors", "nccl") in <data dir>/weights.json
+  // (atomic), read back by RestoreLiveWeights before recovery: a path update is re-applied to
+  // the replicas after a restart; streamed and NCCL weights must be sent again by the trainer.
+  void SaveLiveWeights(const std::string& source);
+  void RestoreLiveWeights();
 
   void OnDrain(const std::string& client, uint64_t request_id, bool resume);
 

@@ -114,8 +114,7 @@ void Coordinator::State::FinishCall(Work* w, uint32_t index, const sandbox::RunR
   w->inject = FormatResult(*w->group->submit, o);
   w->tool_running = false;
   w->enqueued = Clock::now();
-  queue[w->group->submit->priority()].push_back(w->id);
-  ++queued;
+  Enqueue(w);
 }
 
 void Coordinator::State::OnToolsDone() {

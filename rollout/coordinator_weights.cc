@@ -1,6 +1,15 @@
 // The coordinator's weight updates: from a path, streamed in parts, or broadcast over NCCL; the
 // catch-up of replicas that join late. schema/rollout.fbs (UpdateWeights) has the protocol,
 // docs/weights.md the guide.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
 #include "rollout/coordinator_state.h"
 
 namespace bitroll::rollout {
@@ -243,8 +252,99 @@ void Coordinator::State::MaybeFinishUpdate() {
   }
   weight_version = update.version;
   spdlog::info("coordinator: weights version={} live on every replica", weight_version);
+  SaveLiveWeights(update.kind == Kind::kPath   ? "path"
+                  : update.kind == Kind::kNccl ? "nccl"
+                                               : "tensors");
+  ReleaseWaitingWork();
   SendAck(update.client, update.request_id, update.version);
   update = PendingUpdate{};
+}
+
+void Coordinator::State::Enqueue(Work* w, bool front) {
+  ++queued;
+  if (w->needs_version > weight_version) {
+    spdlog::warn(
+        "coordinator: trajectory {} was logged under weights version={} (live: {}); it "
+        "waits for an update bringing that version",
+        w->id, w->needs_version, weight_version);
+    waiting_weights.push_back(w->id);
+    return;
+  }
+  auto& dq = queue[w->group->submit->priority()];
+  if (front) {
+    dq.push_front(w->id);
+  } else {
+    dq.push_back(w->id);
+  }
+}
+
+void Coordinator::State::ReleaseWaitingWork() {
+  std::vector<uint64_t> still;
+  for (uint64_t id : waiting_weights) {
+    auto it = works.find(id);
+    if (it == works.end()) continue;  // aborted meanwhile (AbortGroup counted it)
+    Work& w = it->second;
+    if (w.needs_version > weight_version) {
+      still.push_back(id);
+      continue;
+    }
+    queue[w.group->submit->priority()].push_back(id);
+  }
+  if (still.size() < waiting_weights.size()) {
+    spdlog::info("coordinator: weights version={} live: {} waiting trajectories queued",
+                 weight_version, waiting_weights.size() - still.size());
+  }
+  waiting_weights = std::move(still);
+}
+
+void Coordinator::State::SaveLiveWeights(const std::string& source) {
+  if (wal == nullptr) return;
+  const std::filesystem::path dir(options.wal.dir);
+  // Only a path can be reloaded; after streamed or NCCL weights the record says what to resend.
+  const std::string body = nlohmann::json{{"version", weight_version},
+                                          {"path", source == "path" ? weights_path : ""},
+                                          {"source", source}}
+                               .dump() +
+                           "\n";
+  // Write, fsync, rename: the file is the old one or the new one, never a torn mix.
+  const std::filesystem::path tmp = dir / "weights.json.tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && ::write(fd, body.data(), body.size()) == static_cast<ssize_t>(body.size()) &&
+            ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  ok = ok && ::rename(tmp.c_str(), (dir / "weights.json").c_str()) == 0;
+  if (!ok) {
+    spdlog::error(
+        "coordinator: cannot record the live weights in {}: {}; after a restart the "
+        "trainer must send version={} again",
+        (dir / "weights.json").string(), std::strerror(errno), weight_version);
+  }
+}
+
+void Coordinator::State::RestoreLiveWeights() {
+  const std::filesystem::path file = std::filesystem::path(options.wal.dir) / "weights.json";
+  std::ifstream in(file);
+  if (!in) return;  // never updated
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("version") || !j["version"].is_number_unsigned()) {
+    spdlog::error("coordinator: {} is unreadable; ignored (the replicas serve their own weights)",
+                  file.string());
+    return;
+  }
+  const uint64_t version = j["version"].get<uint64_t>();
+  const std::string path = j.value("path", std::string());
+  if (!path.empty()) {
+    weights_path = path;
+    weight_version = version;
+    spdlog::info("coordinator: live weights version={} from {} (re-applied to every replica)",
+                 version, path);
+  } else {
+    spdlog::warn(
+        "coordinator: the live weights before the restart were version={}, sent as {}; "
+        "they cannot be reloaded: trajectories logged under them wait until the trainer "
+        "sends that version again",
+        version, j.value("source", std::string("tensors")));
+  }
 }
 
 void Coordinator::State::AbortStream(const char* why) {

@@ -484,7 +484,8 @@ class Client:
         return {"queued": s.Queued(), "inflight": s.Inflight(), "groups": s.Groups(),
                 "replicas": replicas, "tokens_per_s": s.TokensPerS(),
                 "cache_hit_rate": s.CacheHitRate(), "trajectories_done": s.TrajectoriesDone(),
-                "weight_version": s.WeightVersion(), "draining": s.Draining()}
+                "weight_version": s.WeightVersion(), "draining": s.Draining(),
+                "waiting_for_weights": s.WaitingForWeights()}
 
     # ---- receiving ----
 

@@ -150,6 +150,22 @@ size_t Differences(const std::map<SampleKey, SampleOutput>& got,
   return bad;
 }
 
+// Collects the re-attached batch and checks it: the WAL resumed logged tokens (the kill
+// interrupted work), re-scored them to the same bits, and every trajectory equals the reference
+// with every token labelled version 5. Then stops the server.
+void ExpectResumedAsReference(const Fixture& f, pid_t pid, Client& c,
+                              const std::map<SampleKey, SampleOutput>& want) {
+  std::vector<uint64_t> versions;
+  const auto got = Collect(c, &versions);
+  const WalStatus ws = QueryWal(f.ep);
+  EXPECT_GT(ws.recovered, 0u) << "the kill interrupted nothing";
+  EXPECT_EQ(ws.mismatches, 0u);
+  EXPECT_EQ(Differences(got, want), 0u);
+  for (uint64_t v : versions) EXPECT_EQ(v, 5u);
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+}
+
 TEST(WeightsResumeTest, PathUpdateIsReappliedAfterKill9) {
   const auto want = Reference();
   ASSERT_EQ(want.size(), 16u);
@@ -168,15 +184,7 @@ TEST(WeightsResumeTest, PathUpdateIsReappliedAfterKill9) {
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->weight_version, 5u) << "the path update was not restored";
   ASSERT_TRUE(c->Submit(Batch()).ok());  // re-attach
-  std::vector<uint64_t> versions;
-  const auto got = Collect(*c, &versions);
-  const WalStatus ws = QueryWal(f.ep);
-  EXPECT_GT(ws.recovered, 0u) << "the kill interrupted nothing";
-  EXPECT_EQ(ws.mismatches, 0u);
-  EXPECT_EQ(Differences(got, want), 0u);
-  for (uint64_t v : versions) EXPECT_EQ(v, 5u);
-  kill(pid, SIGTERM);
-  waitpid(pid, nullptr, 0);
+  ExpectResumedAsReference(f, pid, *c, want);
 }
 
 TEST(WeightsResumeTest, StreamedWeightsWaitForTheTrainerAfterKill9) {
@@ -207,15 +215,7 @@ TEST(WeightsResumeTest, StreamedWeightsWaitForTheTrainerAfterKill9) {
   }
   // The trainer sends version 5 again: the batch resumes and finishes as if never interrupted.
   ASSERT_TRUE(c->UpdateWeightsStreamed(tensors, 5, false, true, kTimeoutMs).ok());
-  std::vector<uint64_t> versions;
-  const auto got = Collect(*c, &versions);
-  const WalStatus ws = QueryWal(f.ep);
-  EXPECT_GT(ws.recovered, 0u);
-  EXPECT_EQ(ws.mismatches, 0u);
-  EXPECT_EQ(Differences(got, want), 0u);
-  for (uint64_t v : versions) EXPECT_EQ(v, 5u);
-  kill(pid, SIGTERM);
-  waitpid(pid, nullptr, 0);
+  ExpectResumedAsReference(f, pid, *c, want);
 }
 
 // Negative control: the same batch finished on the served random weights differs everywhere.

@@ -61,12 +61,12 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument("config is not a JSON object");
   }
-  BR_RETURN_IF_ERROR(
-      CheckKeys(j,
-                {"bind", "replica_bind", "replicas", "engine", "model", "tokenizer", "threads",
-                 "device", "kv_cache_bytes", "max_queued", "replica_timeout_ms", "replica_capacity",
-                 "max_message_bytes", "limits", "price", "null_engine", "log_level"},
-                "the top level"));
+  BR_RETURN_IF_ERROR(CheckKeys(
+      j,
+      {"bind", "replica_bind", "replicas", "engine", "model", "tokenizer", "threads", "device",
+       "kv_cache_bytes", "max_queued", "replica_timeout_ms", "stream_timeout_ms",
+       "replica_capacity", "max_message_bytes", "limits", "price", "null_engine", "log_level"},
+      "the top level"));
   auto& co = c->coordinator;
   BR_RETURN_IF_ERROR(Get(j, "bind", &co.bind));
   BR_RETURN_IF_ERROR(Get(j, "replica_bind", &co.replica_bind));
@@ -79,6 +79,7 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   BR_RETURN_IF_ERROR(Get(j, "kv_cache_bytes", &c->engine_options.kv_cache_bytes));
   BR_RETURN_IF_ERROR(Get(j, "max_queued", &co.max_queued));
   BR_RETURN_IF_ERROR(Get(j, "replica_timeout_ms", &co.replica_timeout_ms));
+  BR_RETURN_IF_ERROR(Get(j, "stream_timeout_ms", &co.stream_timeout_ms));
   BR_RETURN_IF_ERROR(Get(j, "replica_capacity", &co.local_replica.capacity));
   BR_RETURN_IF_ERROR(Get(j, "max_message_bytes", &co.decode.max_message_bytes));
   BR_RETURN_IF_ERROR(Get(j, "log_level", &c->log_level));
@@ -156,6 +157,8 @@ Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
       BR_RETURN_IF_ERROR(ParseNumber("--max-queued", v, &co.max_queued));
     } else if (flag == "--replica-timeout-ms") {
       BR_RETURN_IF_ERROR(ParseNumber("--replica-timeout-ms", v, &co.replica_timeout_ms));
+    } else if (flag == "--stream-timeout-ms") {
+      BR_RETURN_IF_ERROR(ParseNumber("--stream-timeout-ms", v, &co.stream_timeout_ms));
     } else if (flag == "--price-replica-hour") {
       BR_RETURN_IF_ERROR(ParseNumber("--price-replica-hour", v, &co.price.replica_hour_usd));
     } else if (flag == "--null-delay-us") {

@@ -19,7 +19,7 @@ Status Flags(std::vector<std::string> args, ServeConfig* c) {
 TEST(ConfigTest, JsonSetsEveryField) {
   ServeConfig c;
   ASSERT_TRUE(ParseConfigJson(R"({"bind": "tcp://127.0.0.1:7000", "replicas": 3,
-      "engine": "null", "max_queued": 99, "replica_timeout_ms": 1234,
+      "engine": "null", "max_queued": 99, "replica_timeout_ms": 1234, "stream_timeout_ms": 4321,
       "limits": {"max_n": 16, "max_tokens": 100},
       "price": {"replica_hour_usd": 2.5, "sandbox_cpu_hour_usd": 0.25},
       "null_engine": {"vocab_size": 64, "step_delay_us": 7}})",
@@ -30,6 +30,7 @@ TEST(ConfigTest, JsonSetsEveryField) {
   EXPECT_EQ(c.engine, "null");
   EXPECT_EQ(c.coordinator.max_queued, 99u);
   EXPECT_EQ(c.coordinator.replica_timeout_ms, 1234);
+  EXPECT_EQ(c.coordinator.stream_timeout_ms, 4321);
   EXPECT_EQ(c.coordinator.submit.max_n, 16u);
   EXPECT_EQ(c.coordinator.submit.max_tokens, 100);
   EXPECT_EQ(c.coordinator.price.replica_hour_usd, 2.5);

@@ -10,6 +10,8 @@ int CmdServe(int argc, char** argv);
 int CmdReplica(int argc, char** argv);
 // bitroll cost FILE.jsonl [--format table|csv|json] [--price-replica-hour USD] ...
 int CmdCost(int argc, char** argv);
+// bitroll update-weights --connect EP --version V (--path FILE | --stream FILE [--full]) ...
+int CmdUpdateWeights(int argc, char** argv);
 // bitroll generate ... (rollout/cmd_generate.cc, when built)
 int CmdGenerate(int argc, char** argv);
 // bitroll make-model ... (rollout/cmd_make_model.cc, when built)

@@ -30,6 +30,9 @@ void PrintHelp(FILE* out) {
       "              [--device cpu|cuda] [--threads N]\n"
       "  cost        cost tables from trajectories (JSON Lines)\n"
       "              FILE.jsonl [--format table|csv|json] [--price-replica-hour USD]\n"
+      "  update-weights  give a running service new weights (docs/weights.md)\n"
+      "              --connect tcp://HOST:PORT --version V (--path FILE | --stream FILE\n"
+      "              [--full]) [--drain] [--part-kib N] [--timeout-ms N]\n"
       "  generate    generate from a prompt locally (no service)\n"
       "  make-model  write a small random model for tests\n"
       "  --help      this text\n"
@@ -58,6 +61,7 @@ int main(int argc, char** argv) {
   if (!std::strcmp(cmd, "serve")) return CmdServe(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "replica")) return CmdReplica(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "cost")) return CmdCost(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "update-weights")) return CmdUpdateWeights(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "generate")) {
 #ifdef BITROLL_HAVE_CMD_GENERATE
     return CmdGenerate(argc - 1, argv + 1);

@@ -4,6 +4,7 @@
 // logprob bits) what a service started on stories260K generates. Also: partial updates replayed
 // to a replica that joins late, typed errors that install nothing, part ordering, abandoned
 // streams, and the NCCL source's checks that run without a GPU.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -335,6 +336,33 @@ TEST(WeightsStreamTest, PartsMustContinueTheStream) {
   auto v = other->UpdateWeights(ModelsDir() + "/stories260K.bin", 9, false, kTimeoutMs);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(Matching(RunGroup(*s.client, 3), Reference()), 16);
+}
+
+// `bitroll update-weights`: the command-line way to stream a model file (or name a path).
+TEST(WeightsStreamTest, CommandLineStreamsAModelFile) {
+  Service s = Start(RandomModelPath(), 2);
+  const std::string cli =
+      std::string(BITROLL_EXE) + " update-weights --connect " + s.coord->endpoint() + " --version ";
+  // A model of another shape: a typed error, exit status 1, nothing installed.
+  const std::string other = ModelsDir() + "/llama-2-tiny-random.gguf";
+  int rc = std::system((cli + "4 --stream " + other + " 2>/dev/null >/dev/null").c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 1);
+  EXPECT_EQ(LiveVersion(*s.client), 0u);
+  rc = std::system((cli + "4 --stream " + ModelsDir() + "/stories260K.bin --full --part-kib 64" +
+                    " >/dev/null 2>&1")
+                       .c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 0);
+  EXPECT_EQ(LiveVersion(*s.client), 4u);
+  EXPECT_EQ(Matching(RunGroup(*s.client, 1), Reference()), 16);
+  rc = std::system((cli + "5 --path " + RandomModelPath() + " >/dev/null 2>&1").c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 0);
+  EXPECT_EQ(Matching(RunGroup(*s.client, 2), Reference()), 0) << "back on the random weights";
+  rc = std::system(
+      (std::string(BITROLL_EXE) + " update-weights --version 1 >/dev/null 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << "usage error";
 }
 
 TEST(WeightsStreamTest, NcclSourceChecksRunWithoutAGpu) {

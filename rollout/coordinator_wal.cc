@@ -221,6 +221,12 @@ Status Coordinator::State::RecoverFromWal() {
       g->group_pending = false;
     }
   }
+  if (!waiting_weights.empty()) {
+    spdlog::warn(
+        "coordinator: {} recovered trajectories were logged under weights newer than the "
+        "live version={}; they wait for an UpdateWeights bringing their version",
+        waiting_weights.size(), weight_version);
+  }
   spdlog::info(
       "coordinator: WAL recovered {} group(s): {} unfinished trajectories ({} logged tokens), "
       "{} finished, {} quarantined",

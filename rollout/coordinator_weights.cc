@@ -262,11 +262,7 @@ void Coordinator::State::MaybeFinishUpdate() {
 
 void Coordinator::State::Enqueue(Work* w, bool front) {
   ++queued;
-  if (w->needs_version > weight_version) {
-    spdlog::warn(
-        "coordinator: trajectory {} was logged under weights version={} (live: {}); it "
-        "waits for an update bringing that version",
-        w->id, w->needs_version, weight_version);
+  if (w->needs_version > weight_version) {  // RecoverFromWal logs how many wait
     waiting_weights.push_back(w->id);
     return;
   }

@@ -82,9 +82,12 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 [ -n "$endpoint" ] || { echo "bitroll serve did not start" >&2; exit 1; }
+# A llama2.c checkpoint: the loop also streams its (toy) updated policy as the next weights version.
+policy_args=()
+case "$model" in *.bin) policy_args=(--policy "$model") ;; esac
 /usr/bin/python3 "$root/examples/python/grpo_loop.py" --endpoint "$endpoint" --text \
   --iterations 2 --groups 3 --n 8 --max-tokens 48 --temperature 1.0 --top-p 0.9 \
-  --dump "$tmp/trajectories.jsonl"
+  --dump "$tmp/trajectories.jsonl" "${policy_args[@]}"
 echo
 echo "== multi-turn rollouts with a tool: the model's text between \" was\" and \".\" is a call to echo =="
 /usr/bin/python3 "$root/examples/python/tool_rollout.py" --endpoint "$endpoint" --n 4

@@ -338,7 +338,8 @@ Result<uint64_t> Client::UpdateWeightsStreamed(std::span<const WeightTensor> ten
       }
     }
     const bool last = ti == tensors.size();
-    auto m = wire::CreateUpdateWeights(fbb, 0, version, drain, fbb.CreateVector(frames),
+    // Parts only stage; drain (wait for in-flight work) matters for the commit alone.
+    auto m = wire::CreateUpdateWeights(fbb, 0, version, last && drain, fbb.CreateVector(frames),
                                        /*more=*/!last, full, 0, false, part++);
     const uint64_t rid = next_request_id_++;
     FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union());

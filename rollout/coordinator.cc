@@ -340,7 +340,10 @@ int Coordinator::State::Choose(uint64_t affinity_key) {
 }
 
 void Coordinator::State::Dispatch() {
-  if (paused || (update.active && update.drain) || queued == 0) return;
+  if (paused || (update.active && update.drain && update.kind != PendingUpdate::Kind::kPart) ||
+      queued == 0) {
+    return;
+  }
   const auto now = Clock::now();
   std::unordered_map<int, std::pair<std::unique_ptr<flatbuffers::FlatBufferBuilder>,
                                     std::vector<flatbuffers::Offset<wire::WorkItem>>>>

@@ -338,6 +338,45 @@ TEST(WeightsStreamTest, PartsMustContinueTheStream) {
   EXPECT_EQ(Matching(RunGroup(*s.client, 3), Reference()), 16);
 }
 
+// drain = true: the parts are staged while the running group keeps decoding on the old weights;
+// the commit waits until nothing is in flight, so every token of that group is version 0 and
+// every token of the next group version 3. (With drain = false the first check fails: later
+// tokens of the running group carry version 3; checked by hand.)
+TEST(WeightsStreamTest, DrainedCommitWaitsForInFlightWork) {
+  Source real = RealModel();
+  Service s = Start(RandomModelPath(), 1);
+  std::unique_ptr<Client> trainer = Connect(s.coord->endpoint());
+  SubmitRequest q = Group(1);
+  q.n = 16;  // 64 samples x 440 tokens: decoding lasts well beyond the update's transfer
+  q.max_tokens = 440;
+  q.stop_at_eos = false;
+  q.stream_tokens = true;
+  ASSERT_TRUE(s.client->Submit(q).ok());
+  while (true) {  // the group is decoding
+    auto e = s.client->Next(kTimeoutMs);
+    ASSERT_TRUE(e.ok());
+    if (e->kind == Event::Kind::kTokenChunk) break;
+  }
+  auto v =
+      trainer->UpdateWeightsStreamed(real.tensors, 3, /*drain=*/true, true, kTimeoutMs, 64 << 10);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  int old = 0;
+  while (true) {  // already finished by the time the update returned
+    auto e = s.client->Next(1000);
+    ASSERT_TRUE(e.ok()) << "the group had not finished before the drained commit";
+    if (e->kind == Event::Kind::kGroupDone) break;
+    if (e->kind != Event::Kind::kTrajectory) continue;
+    ASSERT_EQ(e->trajectory.versions.size(), 1u);
+    EXPECT_EQ(e->trajectory.versions[0].second, 0u);
+    ++old;
+  }
+  EXPECT_EQ(old, 64);
+  for (const auto& t : RunGroup(*s.client, 2)) {
+    ASSERT_EQ(t.versions.size(), 1u);
+    EXPECT_EQ(t.versions[0].second, 3u);
+  }
+}
+
 // `bitroll update-weights`: the command-line way to stream a model file (or name a path).
 TEST(WeightsStreamTest, CommandLineStreamsAModelFile) {
   Service s = Start(RandomModelPath(), 2);

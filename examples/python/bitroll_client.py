@@ -413,7 +413,7 @@ class Client:
             last = ti == len(items)
             u = UpdateWeightsT()
             u.version, u.drain, u.tensors, u.more, u.full, u.part = (
-                version, drain, frames, not last, full, part)
+                version, drain and last, frames, not last, full, part)
             part += 1
             try:
                 live = self.wait_update_reply(self._send(Message.UpdateWeights, u))

@@ -1,5 +1,7 @@
 // Attention kernels 1 and 2, the merge, the flash-decoding baseline, and their launchers.
 #include <algorithm>
+#include <array>
+#include <atomic>
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention.h"
@@ -185,6 +187,14 @@ int64_t CudaAttentionSlots() {
     cudaGetLastError();
     return 0;
   }
+  // A property of the device and the kernel: queried once per device (the occupancy query costs
+  // host time on every attention call otherwise).
+  static std::array<std::atomic<int64_t>, 64> cache{};
+  const bool cached = device >= 0 && device < 64;
+  if (cached) {
+    const int64_t known = cache[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
   int sms = 0;
   int per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
@@ -193,7 +203,9 @@ int64_t CudaAttentionSlots() {
     cudaGetLastError();
     return 0;
   }
-  return static_cast<int64_t>(sms) * std::max(per_sm, 1);
+  const int64_t slots = static_cast<int64_t>(sms) * std::max(per_sm, 1);
+  if (cached) cache[device].store(slots, std::memory_order_relaxed);
+  return slots;
 }
 
 size_t CudaAttentionWorkspaceBytes(const CudaAttentionParams& p, CudaAttentionKernel kernel) {

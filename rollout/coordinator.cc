@@ -161,7 +161,8 @@ Coordinator::State::Group* Coordinator::State::NewGroup(const std::string& clien
   return raw;
 }
 
-void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::TrajectoryLog* log) {
+void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::TrajectoryLog* log,
+                                 uint64_t needs_version) {
   const wire::Prompt* p = g->submit->prompts()->Get(i);
   Work w;
   w.id = wal ? WalTrajId(g->serial, i * g->submit->n() + j) : next_work_id++;
@@ -171,6 +172,7 @@ void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::Tr
   w.affinity = p->ids() ? HashBytes(p->ids()->data(), p->ids()->size() * 4)
                         : HashBytes(p->text()->data(), p->text()->size(), 7);
   w.enqueued = Clock::now();
+  w.needs_version = needs_version;
   bool rerun = false;  // a logged call without a logged result: run it again
   if (log != nullptr) {
     w.header_logged = true;
@@ -187,7 +189,9 @@ void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::Tr
     w.calls = lt.calls;
     w.cost.sandbox_seconds = lt.sandbox_seconds;
     w.cost.sandbox_cpu_seconds = lt.sandbox_cpu_seconds;
-    if (!log->spans.empty()) w.needs_version = log->spans.back().weight_version;
+    // The weights of its last logged tokens, or those it was started with (a header, no token).
+    w.needs_version =
+        log->spans.empty() ? log->header.weight_version : log->spans.back().weight_version;
     if (lt.pending_call && !w.calls.back().replayed) {
       rerun = true;
     } else if (lt.pending_call) {

@@ -258,8 +258,10 @@ struct Coordinator::State {
   Group* NewGroup(const std::string& client, const std::string& key, std::string_view bytes,
                   uint64_t serial);
 
-  // Queues sample (i, j) of g; `log` (WAL) resumes it from its logged tokens.
-  void AddWork(Group* g, uint32_t i, uint32_t j, const wal::TrajectoryLog* log = nullptr);
+  // Queues sample (i, j) of g; `log` (WAL) resumes it from its logged tokens. A sample without a
+  // log waits for weights version `needs_version` (a recovered group's other samples' version).
+  void AddWork(Group* g, uint32_t i, uint32_t j, const wal::TrajectoryLog* log = nullptr,
+               uint64_t needs_version = 0);
 
   void FinishGroupIfDone(Group* g);
 

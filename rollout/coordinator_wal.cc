@@ -195,6 +195,18 @@ Status Coordinator::State::RecoverFromWal() {
     if (g == nullptr) continue;
     const uint32_t n = g->submit->n();
     const std::string tag = g->submit->client_tag() ? g->submit->client_tag()->str() : "";
+    // The weights version the group ran under: its never-dispatched samples wait for it too.
+    uint64_t group_version = 0;
+    for (uint32_t flat = 0; flat < g->total; ++flat) {
+      const uint64_t id = WalTrajId(serial, flat);
+      for (const auto* m : {&unfinished, &finished}) {
+        if (auto it = m->find(id); it != m->end()) {
+          const wal::TrajectoryLog& t = *it->second;
+          group_version = std::max(group_version, t.spans.empty() ? t.header.weight_version
+                                                                  : t.spans.back().weight_version);
+        }
+      }
+    }
     for (uint32_t flat = 0; flat < g->total; ++flat) {
       const uint64_t id = WalTrajId(serial, flat);
       const SampleAddress at{g->group_id, flat / n, flat % n};
@@ -210,7 +222,7 @@ Status Coordinator::State::RecoverFromWal() {
       } else if (auto q = quarantined.find(id); q != quarantined.end()) {
         Deliver(g, flat, BuildErrorTrajectory(at, q->second, tag), true);
       } else if (g->group_pending) {
-        AddWork(g, at.prompt_index, at.sample_index);
+        AddWork(g, at.prompt_index, at.sample_index, nullptr, group_version);
         ++g->unheadered;
       } else {
         ++g->delivered;  // acknowledged (compacted) before the restart

@@ -211,7 +211,9 @@ TEST(WeightsResumeTest, StreamedWeightsWaitForTheTrainerAfterKill9) {
   EXPECT_EQ(st->inflight, 0u);
   for (int i = 0; i < 5; ++i) {
     auto e = c->Next(20);
-    if (e.ok()) EXPECT_NE(e->kind, Event::Kind::kTrajectory) << "finished on the wrong weights";
+    if (e.ok()) {
+      EXPECT_NE(e->kind, Event::Kind::kTrajectory) << "finished on the wrong weights";
+    }
   }
   // The trainer sends version 5 again: the batch resumes and finishes as if never interrupted.
   ASSERT_TRUE(c->UpdateWeightsStreamed(tensors, 5, false, true, kTimeoutMs).ok());

@@ -38,6 +38,20 @@ struct ForwardRow {
   bool want_logits = false;
 };
 
+// The row checks every backend's Forward applies before any work: kOutOfRange for a token id
+// outside the vocabulary or a position past max_seq_len.
+inline Status CheckForwardRow(const ForwardRow& r, const ModelConfig& c) {
+  if (r.token < 0 || r.token >= c.vocab_size) {
+    return Status::OutOfRange("token id " + std::to_string(r.token) +
+                              " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  }
+  if (r.position < 0 || r.position >= c.max_seq_len) {
+    return Status::OutOfRange("position " + std::to_string(r.position) +
+                              " outside the context [0, " + std::to_string(c.max_seq_len) + ")");
+  }
+  return Status::Ok();
+}
+
 class ForwardBackend {
  public:
   virtual ~ForwardBackend() = default;

@@ -25,7 +25,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -42,12 +41,6 @@
 
 namespace bitroll::engine {
 namespace {
-
-std::string ShapeString(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 Status CheckRequest(const NcclWeightSource& source, const ModelWeights* base) {
   if (base == nullptr) {
@@ -73,47 +66,24 @@ Status CheckRequest(const NcclWeightSource& source, const ModelWeights* base) {
   return Status::Ok();
 }
 
-// The name of the classifier in the served model's family, derived from its embedding's name
-// (engine/weight_update.h): Hugging Face lm_head.weight, llama2.c and GGUF output.weight.
-std::string ClassifierNameFor(const std::string& embedding_name) {
-  return embedding_name == "model.embed_tokens.weight" ? "lm_head.weight" : "output.weight";
-}
-
-// Checks every manifest entry against the served model before any device call: the names and
-// shapes the WeightStager would accept (a tied classifier's name included, with the embedding's
-// shape), each tensor once. Sets *max_bytes to the largest tensor as broadcast.
-Status CheckManifest(const std::vector<NcclTensorSpec>& specs, const ModelWeights& base,
-                     uint64_t* max_bytes) {
+// Checks every manifest entry against the served model before any device call, with the
+// WeightStager's own name and shape rules (a tied classifier's name included), each tensor once.
+// Sets *max_bytes to the largest tensor as broadcast.
+Status CheckManifest(const std::vector<NcclTensorSpec>& specs,
+                     std::shared_ptr<const ModelWeights> base, uint64_t* max_bytes) {
   if (specs.empty()) return Status::InvalidArgument("NCCL weight update: the manifest is empty");
-  const std::vector<NamedTensor> served = TensorManifest(base);
-  std::unordered_map<std::string, const Tensor*> by_name;
-  std::string examples;
-  for (const NamedTensor& t : served) {
-    by_name.emplace(t.name, &t.tensor);
-    if (examples.size() < 120) examples += (examples.empty() ? "" : ", ") + t.name;
-  }
-  if (base.config.shared_classifier && !served.empty()) {
-    by_name.emplace(ClassifierNameFor(served.front().name), &base.token_embedding);
-  }
+  const WeightStager rules(std::move(base));
   std::unordered_set<std::string> seen;
   *max_bytes = 0;
   for (const NcclTensorSpec& spec : specs) {
-    auto it = by_name.find(spec.name);
-    if (it == by_name.end()) {
-      return Status::NotFound("weight update: the model (" + base.source + ") has no tensor '" +
-                              spec.name + "'; its names are like " + examples);
-    }
-    if (spec.shape != it->second->shape) {
-      return Status::InvalidArgument("weight update: " + spec.name + " has shape " +
-                                     ShapeString(spec.shape) + ", the model's is " +
-                                     ShapeString(it->second->shape));
-    }
+    BR_RETURN_IF_ERROR(rules.Check(spec.name, spec.shape));
     if (!seen.insert(spec.name).second) {
       return Status::InvalidArgument("weight update: " + spec.name +
                                      " appears twice in the NCCL manifest");
     }
-    const uint64_t bytes = static_cast<uint64_t>(it->second->numel()) * DTypeSize(spec.dtype);
-    *max_bytes = std::max(*max_bytes, bytes);
+    uint64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= static_cast<uint64_t>(d);
+    *max_bytes = std::max(*max_bytes, numel * DTypeSize(spec.dtype));
   }
   return Status::Ok();
 }
@@ -264,7 +234,7 @@ Result<ModelWeights> ReceiveNcclWeights(const NcclWeightSource& source,
                                         std::shared_ptr<const ModelWeights> base) {
   BR_RETURN_IF_ERROR(CheckRequest(source, base.get()));
   uint64_t max_bytes = 0;
-  BR_RETURN_IF_ERROR(CheckManifest(source.tensors, *base, &max_bytes));
+  BR_RETURN_IF_ERROR(CheckManifest(source.tensors, base, &max_bytes));
 #if defined(BITROLL_HAVE_NCCL)
   return Receive(source, std::move(base), max_bytes);
 #else

@@ -153,15 +153,7 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
   const int64_t n = static_cast<int64_t>(rows.size());
   if (n == 0) return Status::Ok();
   for (const ForwardRow& r : rows) {
-    if (r.token < 0 || r.token >= c.vocab_size) {
-      return Status::OutOfRange("token id " + std::to_string(r.token) +
-                                " outside the vocabulary [0, " + std::to_string(c.vocab_size) +
-                                ")");
-    }
-    if (r.position < 0 || r.position >= c.max_seq_len) {
-      return Status::OutOfRange("position " + std::to_string(r.position) +
-                                " outside the context [0, " + std::to_string(c.max_seq_len) + ")");
-    }
+    BR_RETURN_IF_ERROR(CheckForwardRow(r, c));
   }
   EnsureScratch(n);
   const kernels::Isa isa = opt_.isa;

@@ -208,21 +208,27 @@ Status WeightStager::Put(const TensorSlice& slice) {
   return s;
 }
 
-Status WeightStager::PutImpl(const TensorSlice& slice) {
-  const std::string name(slice.name);
-  auto it = slots_.find(name);
+Status WeightStager::Check(std::string_view name, std::span<const int64_t> shape) const {
+  auto it = slots_.find(std::string(name));
   if (it == slots_.end()) {
     return Status::NotFound("weight update: the model (" + base_->source + ") has no tensor '" +
-                            name + "'; its names are like " + example_names_);
+                            std::string(name) + "'; its names are like " + example_names_);
   }
-  Slot& s = it->second;
+  const Slot& s = it->second;
   const Tensor& served = s.ignored ? base_->token_embedding : *s.target;
-  if (!std::equal(slice.shape.begin(), slice.shape.end(), served.shape.begin(),
-                  served.shape.end())) {
-    return Status::InvalidArgument("weight update: " + name + " has shape " +
-                                   ShapeString(slice.shape) + ", the model's is " +
+  if (!std::equal(shape.begin(), shape.end(), served.shape.begin(), served.shape.end())) {
+    return Status::InvalidArgument("weight update: " + std::string(name) + " has shape " +
+                                   ShapeString(shape) + ", the model's is " +
                                    ShapeString(served.shape));
   }
+  return Status::Ok();
+}
+
+Status WeightStager::PutImpl(const TensorSlice& slice) {
+  BR_RETURN_IF_ERROR(Check(slice.name, slice.shape));
+  const std::string name(slice.name);
+  Slot& s = slots_.at(name);
+  const Tensor& served = s.ignored ? base_->token_embedding : *s.target;
   const size_t es = DTypeSize(slice.dtype);
   if (s.done) return Status::InvalidArgument("weight update: " + name + " was sent twice");
   if (!s.started) {

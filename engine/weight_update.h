@@ -67,6 +67,10 @@ class WeightStager {
   // whole number of elements, a tensor sent twice, a non-finite value).
   Status Put(const TensorSlice& slice);
 
+  // Put's name and shape rules alone (kNotFound, kInvalidArgument), for a manifest checked before
+  // its data arrives (engine/nccl_weights.h). Changes nothing.
+  Status Check(std::string_view name, std::span<const int64_t> shape) const;
+
   // The new weights (weights_hash recomputed, source "<base source>+update"). Errors: the sticky
   // error of Put; kInvalidArgument when a tensor was only partly sent, or (full) when some
   // tensor of the model was not sent (named in the message).

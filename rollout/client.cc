@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "engine/weight_update.h"
+
 namespace bitroll::rollout {
 
 namespace {
@@ -264,23 +266,17 @@ Result<uint64_t> Client::UpdateWeights(const std::string& path, uint64_t version
   return WaitUpdateReply(rid, timeout_ms);
 }
 
-namespace {
-
-Result<size_t> DTypeBytes(const std::string& dtype) {
-  if (dtype == "f32") return size_t{4};
-  if (dtype == "f16" || dtype == "bf16") return size_t{2};
-  return Status::InvalidArgument("unknown dtype '" + dtype + "' (f32, f16 or bf16)");
-}
-
-Result<size_t> TensorBytes(const WeightTensor& t) {
-  BR_ASSIGN_OR_RETURN(size_t es, DTypeBytes(t.dtype));
+Result<size_t> WeightTensorBytes(const WeightTensor& t) {
+  BR_ASSIGN_OR_RETURN(kernels::DType dtype, engine::ParseDType(t.dtype));
   size_t n = 1;
   for (int64_t d : t.shape) {
     if (d < 0) return Status::InvalidArgument("tensor " + t.name + " has a negative dimension");
     n *= static_cast<size_t>(d);
   }
-  return n * es;
+  return n * engine::DTypeSize(dtype);
 }
+
+namespace {
 
 flatbuffers::Offset<wire::TensorFrame> Frame(flatbuffers::FlatBufferBuilder& fbb,
                                              const WeightTensor& t, uint64_t offset,
@@ -304,7 +300,7 @@ Result<uint64_t> Client::UpdateWeightsStreamed(std::span<const WeightTensor> ten
   }
   std::vector<size_t> sizes;
   for (const WeightTensor& t : tensors) {
-    BR_ASSIGN_OR_RETURN(size_t n, TensorBytes(t));
+    BR_ASSIGN_OR_RETURN(size_t n, WeightTensorBytes(t));
     if (n > 0 && t.data == nullptr) {
       return Status::InvalidArgument("tensor " + t.name + " has no data");
     }
@@ -324,7 +320,7 @@ Result<uint64_t> Client::UpdateWeightsStreamed(std::span<const WeightTensor> ten
     std::vector<flatbuffers::Offset<wire::TensorFrame>> frames;
     size_t budget = part_bytes;
     while (ti < tensors.size() && budget > 0) {
-      const size_t es = *DTypeBytes(tensors[ti].dtype);
+      const size_t es = engine::DTypeSize(*engine::ParseDType(tensors[ti].dtype));
       size_t take = std::min(sizes[ti] - off, budget);
       if (take < sizes[ti] - off) take -= take % es;  // whole elements per slice
       if (take == 0 && sizes[ti] > 0) break;          // no room for one element: next part
@@ -361,7 +357,7 @@ Result<uint64_t> Client::BeginUpdateWeightsNccl(const std::array<uint8_t, 128>& 
   flatbuffers::FlatBufferBuilder fbb(4096);
   std::vector<flatbuffers::Offset<wire::TensorFrame>> frames;
   for (const WeightTensor& t : manifest) {
-    BR_RETURN_IF_ERROR(TensorBytes(t).status());
+    BR_RETURN_IF_ERROR(WeightTensorBytes(t).status());
     frames.push_back(Frame(fbb, t, 0, nullptr, 0));
   }
   auto id = fbb.CreateVector(unique_id.data(), unique_id.size());

@@ -169,6 +169,9 @@ struct WeightTensor {
   const void* data = nullptr;  // numel * dtype size bytes
 };
 
+// numel * dtype size. Errors: kInvalidArgument (an unknown dtype, a negative dimension).
+Result<size_t> WeightTensorBytes(const WeightTensor& t);
+
 class Client {
  public:
   // Connects (ZeroMQ connects lazily; the first send waits for the peer).

@@ -162,6 +162,7 @@ struct Coordinator::State {
     std::string path;
     uint64_t version = 0;
     bool drain = false;
+    bool full = false;  // a commit that names every tensor (its replay replaces the history)
     bool sent = false;
     uint64_t replica_request_id = 0;
     std::string message;                      // the client's UpdateWeights envelope (verified)

@@ -148,6 +148,7 @@ void Coordinator::State::OnUpdateWeights(const std::string& client, const wire::
   update.request_id = rid;
   update.version = u->version();
   update.drain = u->drain();
+  update.full = u->full();
   update.replica_request_id = next_update_id++;
   if (has_path) {
     update.kind = Kind::kPath;
@@ -237,9 +238,7 @@ void Coordinator::State::MaybeFinishUpdate() {
       nccl_live = false;
       break;
     case Kind::kCommit: {
-      auto env = DecodeEnvelope(update.body->data(), update.body->size(), options.decode);
-      const bool full = env.ok() && (*env)->msg_as_UpdateWeights()->full();
-      if (full) replay.clear();
+      if (update.full) replay.clear();
       replay.insert(replay.end(), stream.parts.begin(), stream.parts.end());
       stream = Stream{};
       nccl_live = false;

@@ -27,13 +27,6 @@
 namespace bitroll::rollout {
 namespace {
 
-// Bytes per element of a wire dtype name (docs/weights.md), 0 when unknown.
-size_t WireDTypeSize(std::string_view d) {
-  if (d == "f32") return 4;
-  if (d == "f16" || d == "bf16") return 2;
-  return 0;
-}
-
 Status CheckArguments(std::span<const WeightTensor> tensors, const NcclSendOptions& o) {
   if (tensors.empty()) return Status::InvalidArgument("NCCL weight update: no tensors to send");
   if (o.timeout.count() <= 0) {
@@ -44,9 +37,8 @@ Status CheckArguments(std::span<const WeightTensor> tensors, const NcclSendOptio
     return Status::InvalidArgument("NCCL weight update: device " + std::to_string(o.device));
   }
   for (const WeightTensor& t : tensors) {
-    if (WireDTypeSize(t.dtype) == 0) {
-      return Status::InvalidArgument("NCCL weight update: " + t.name + ": unknown dtype '" +
-                                     t.dtype + "' (f32, f16 or bf16)");
+    if (Status s = WeightTensorBytes(t).status(); !s.ok()) {
+      return s.WithContext("NCCL weight update: " + t.name);
     }
     for (int64_t d : t.shape) {
       if (d <= 0) {
@@ -198,9 +190,7 @@ Result<uint64_t> Broadcast(Client& client, std::span<const WeightTensor> tensors
       "the " + std::to_string(replicas) + " replicas did not all join the communicator" + within));
   for (size_t i = 0; i < tensors.size(); ++i) {
     const WeightTensor& t = tensors[i];
-    int64_t numel = 1;
-    for (int64_t d : t.shape) numel *= d;
-    const size_t bytes = static_cast<size_t>(numel) * WireDTypeSize(t.dtype);
+    const size_t bytes = *WeightTensorBytes(t);  // checked by CheckArguments
     const Clock::time_point deadline = Clock::now() + o.timeout;
     const std::string what = "tensor " + std::to_string(i) + " (" + t.name + ", " +
                              std::to_string(bytes) + " bytes) was not received" + within;

@@ -41,7 +41,6 @@ class ReplicaWeights {
   // typed; the engine keeps serving the weights it had.
   Status Apply(const wire::UpdateWeights& u);
   uint64_t version() const { return version_; }
-  void set_version(uint64_t v) { version_ = v; }
 
  private:
   Status Stage(const wire::UpdateWeights& u);

@@ -215,7 +215,9 @@ TEST(ToolLoop, FunctionToolMultiTurnAndDeterminism) {
       EXPECT_EQ(c.output, c.input) << "echo returns its input";
       EXPECT_FALSE(c.replayed);
     }
-    if (!t.tool_calls.empty()) EXPECT_GT(t.cost.sandbox_seconds, 0.0);
+    if (!t.tool_calls.empty()) {
+      EXPECT_GT(t.cost.sandbox_seconds, 0.0);
+    }
   }
   std::printf("tool loop: %d of 12 trajectories multi-turn, %zu calls, %zu injected tokens\n",
               multi, calls, injected);

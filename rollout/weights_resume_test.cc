@@ -104,7 +104,7 @@ std::vector<WeightTensor> RealTensors(std::shared_ptr<const engine::ModelWeights
 
 // Submits the batch and kills the server after `progress` streamed tokens; no trajectory may
 // finish before that (the kill must interrupt all of them).
-void RunUntilKill(const Fixture& f, pid_t pid, Client& c, int64_t progress) {
+void RunUntilKill(pid_t pid, Client& c, int64_t progress) {
   ASSERT_TRUE(c.Submit(Batch()).ok());
   int64_t seen = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -118,7 +118,6 @@ void RunUntilKill(const Fixture& f, pid_t pid, Client& c, int64_t progress) {
   kill(pid, SIGKILL);
   int st = 0;
   waitpid(pid, &st, 0);
-  (void)f;
 }
 
 // Collects the batch's trajectories until its GroupDone, and every version span's version.
@@ -176,7 +175,7 @@ TEST(WeightsResumeTest, PathUpdateIsReappliedAfterKill9) {
     auto c = ConnectTo(f.ep);
     auto v = c->UpdateWeights(RealModel(), 5, false, kTimeoutMs);
     ASSERT_TRUE(v.ok()) << v.status().ToString();
-    RunUntilKill(f, pid, *c, 600);
+    RunUntilKill(pid, *c, 600);
   }
   pid = f.Serve();
   auto c = ConnectTo(f.ep);
@@ -197,7 +196,7 @@ TEST(WeightsResumeTest, StreamedWeightsWaitForTheTrainerAfterKill9) {
   {
     auto c = ConnectTo(f.ep);
     ASSERT_TRUE(c->UpdateWeightsStreamed(tensors, 5, false, true, kTimeoutMs).ok());
-    RunUntilKill(f, pid, *c, 600);
+    RunUntilKill(pid, *c, 600);
   }
   pid = f.Serve();
   auto c = ConnectTo(f.ep);

@@ -501,15 +501,7 @@ Status CudaTransformer::Forward(std::span<const ForwardRow> rows, KvCache* cache
   int32_t max_pos = 0;
   int64_t m = 0;
   for (const ForwardRow& r : rows) {
-    if (r.token < 0 || r.token >= c.vocab_size) {
-      return Status::OutOfRange("token id " + std::to_string(r.token) +
-                                " outside the vocabulary [0, " + std::to_string(c.vocab_size) +
-                                ")");
-    }
-    if (r.position < 0 || r.position >= c.max_seq_len) {
-      return Status::OutOfRange("position " + std::to_string(r.position) +
-                                " outside the context [0, " + std::to_string(c.max_seq_len) + ")");
-    }
+    BR_RETURN_IF_ERROR(CheckForwardRow(r, c));
     max_pos = std::max(max_pos, r.position);
     m += r.want_logits ? 1 : 0;
   }

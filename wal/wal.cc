@@ -133,6 +133,13 @@ uint64_t Wal::Impl::Push(Op op) {
   return last_lsn;
 }
 
+void Wal::Impl::PushDelete(Op op) {
+  // A delete gets an LSN like a put: LastLsn() then moves, so a caller that commits when
+  // LastLsn() changed (the coordinator) also commits acknowledgements and discards.
+  op.lsn = ++last_lsn;
+  buffer.push_back(std::move(op));
+}
+
 void Wal::Impl::ExpireRetained() {
   const uint64_t now = internal::UnixMs();
   while (!retained.empty() && retained.begin()->first <= now) {
@@ -149,14 +156,14 @@ void Wal::Impl::EraseTrajectory(std::unordered_map<uint64_t, TrajState>::iterato
   const std::string digest = std::move(it->second.request_digest);
   trajs.erase(it);
   unsynced_trajs.erase(id);
-  buffer.push_back(MakeOp(Op::kDelTraj, id, 0));
+  PushDelete(MakeOp(Op::kDelTraj, id, 0));
   if (digest.empty()) return;
   auto r = request_refs.find(digest);
   if (r != request_refs.end() && --r->second == 0) {
     request_refs.erase(r);
     Op del = MakeOp(Op::kDelRequest, 0, 0);
     del.digest = digest;
-    buffer.push_back(std::move(del));
+    PushDelete(std::move(del));
   }
 }
 
@@ -552,7 +559,7 @@ Status Wal::AcknowledgeGroup(uint64_t group_id) {
   if (w.groups.erase(group_id) == 0) {
     return Status::NotFound("group " + std::to_string(group_id) + " is not pending");
   }
-  w.buffer.push_back(MakeOp(Op::kDelGroup, group_id, 0));
+  w.PushDelete(MakeOp(Op::kDelGroup, group_id, 0));
   return Status::Ok();
 }
 

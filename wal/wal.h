@@ -8,11 +8,13 @@
 // wal/wal_format.h).
 //
 // Group commit. Appends only buffer a record in memory and give it a log sequence number (LSN,
-// 1, 2, ... in append order, per Open()). Buffered records are written in ONE LMDB write
-// transaction by Commit(): either the caller's loop drives Commit() (WalOptions::background_commit
-// = false), or a background committer thread calls it every commit_interval_ms, or as soon as
-// commit_max_records are buffered (background_commit = true, the default). Flush() commits and
-// makes everything appended so far durable, on the caller's thread, before it returns.
+// 1, 2, ... in append order, per Open()); so do deletions (Acknowledge, Discard,
+// AcknowledgeGroup), so that LastLsn() moves with every change a commit must write. Buffered
+// records are written in ONE LMDB write transaction by Commit(): either the caller's loop drives
+// Commit() (WalOptions::background_commit = false), or a background committer thread calls it every
+// commit_interval_ms, or as soon as commit_max_records are buffered (background_commit = true, the
+// default). Flush() commits and makes everything appended so far durable, on the caller's thread,
+// before it returns.
 //
 // Durability. DurableLsn() is the largest LSN such that every record with an LSN <= it is durable
 // in the sense of WalOptions::durability:
@@ -289,7 +291,7 @@ class Wal {
   // Returns OK only if DurableLsn() >= the LastLsn() seen at entry.
   Status Flush();
 
-  // The LSN of the latest append (0 before any).
+  // The LSN of the latest change: append or deletion (0 before any).
   uint64_t LastLsn() const;
   // Every record with LSN <= DurableLsn() is durable. Never advances after a sticky error.
   uint64_t DurableLsn() const;

@@ -84,7 +84,7 @@ struct Op {
   std::string digest;  // kPutRequest / kDelRequest
   uint64_t id = 0;     // trajectory or group id
   uint64_t seq = 0;    // kPutTraj only
-  uint64_t lsn = 0;    // puts only; 0 for deletes (a coalesced token op: its latest append's)
+  uint64_t lsn = 0;    // every op (a coalesced token op: its latest append's)
   std::string value;
   // A token record still open for coalescing: encoded into `value` at commit time.
   bool lazy_tokens = false;
@@ -173,6 +173,7 @@ struct Wal::Impl {
   Status OpenEnv();
   Status CheckAppendable(uint64_t traj, TrajState** state);  // REQUIRES: mu held
   uint64_t Push(Op op);                                      // REQUIRES: mu held
+  void PushDelete(Op op);                                    // REQUIRES: mu held
   std::vector<Op> TakeBuffer();                              // REQUIRES: mu held
   void ExpireRetained();                                     // REQUIRES: mu held
   // Deletes trajectory `it` (kDelTraj) and releases its request blob.   REQUIRES: mu held

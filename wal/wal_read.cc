@@ -190,7 +190,7 @@ Result<RecoveryResult> Wal::Recover() {
   for (std::string& d : orphans) {
     Op del = internal::MakeOp(Op::kDelRequest, 0, 0);
     del.digest = std::move(d);
-    w.buffer.push_back(std::move(del));
+    w.PushDelete(std::move(del));
   }
   for (auto& [id, s] : states) w.trajs[id] = std::move(s);
   w.groups = std::move(groups);

@@ -459,6 +459,42 @@ TEST(Wal, AcknowledgedTrajectoriesKeepTheFileBounded) {
   EXPECT_GT(late_noack, 5 * early_noack);  // the control grows with the work done
 }
 
+// Every kind of change advances LastLsn(), so a caller that commits when LastLsn() moved (the
+// coordinator) also commits acknowledgements, discards and group acknowledgements; before, an
+// Acknowledge on an idle log was never committed and came back after a crash.
+TEST(Wal, DeletesAdvanceTheLsnAndBecomeDurable) {
+  TempDir dir("wal_delete_lsn");
+  {
+    auto w = OpenAndRecover(Opts(dir.path()));
+    for (uint64_t t = 1; t <= 3; ++t) {
+      ASSERT_TRUE(w->AppendHeader(t, MakeHeader(t)).ok());
+      ASSERT_TRUE(w->AppendFinish(t, 0, "").ok());
+    }
+    ASSERT_TRUE(w->AppendGroup(9, "request").ok());
+    ASSERT_TRUE(w->Commit().ok());
+    uint64_t lsn = w->LastLsn();
+    ASSERT_EQ(w->DurableLsn(), lsn);
+    ASSERT_TRUE(w->Acknowledge(1).ok());
+    EXPECT_GT(w->LastLsn(), lsn) << "an acknowledgement did not advance the LSN";
+    lsn = w->LastLsn();
+    ASSERT_TRUE(w->Discard(2).ok());
+    EXPECT_GT(w->LastLsn(), lsn) << "a discard did not advance the LSN";
+    lsn = w->LastLsn();
+    ASSERT_TRUE(w->AcknowledgeGroup(9).ok());
+    EXPECT_GT(w->LastLsn(), lsn) << "a group acknowledgement did not advance the LSN";
+    ASSERT_TRUE(w->Commit().ok());
+    EXPECT_EQ(w->DurableLsn(), w->LastLsn());
+  }
+  RecoveryResult rr;
+  auto w = OpenAndRecover(Opts(dir.path()), &rr);
+  EXPECT_TRUE(rr.groups.empty());
+  ASSERT_EQ(rr.finished.size(), 1u);
+  EXPECT_EQ(rr.finished[0].id, 3u);
+  EXPECT_EQ(w->NextSeq(1), 0u);
+  EXPECT_EQ(w->NextSeq(2), 0u);
+  EXPECT_GT(w->NextSeq(3), 0u);  // the control: not acknowledged, still there
+}
+
 TEST(Wal, AcknowledgedWithRetentionStaysReadableUntilItEnds) {
   TempDir dir("wal_retain");
   WalOptions o = Opts(dir.path());

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -80,6 +81,12 @@ Status ValidateSamplingParams(const SamplingParams& p) {
   if (!std::isfinite(p.temperature) || p.temperature < 0.0f) {
     return Status::InvalidArgument("temperature must be finite and >= 0, got " +
                                    std::to_string(p.temperature));
+  }
+  if (p.temperature > 0.0f && p.temperature < kMinTemperature) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.9g", p.temperature);
+    return Status::InvalidArgument(std::string("temperature must be 0 (greedy) or >= 1e-06, got ") +
+                                   buf);
   }
   if (p.top_k < 0)
     return Status::InvalidArgument("top_k must be >= 0, got " + std::to_string(p.top_k));
@@ -213,10 +220,9 @@ SampleResult Sampler::Sample(const float* logits, int32_t vocab, const SamplingP
   Filter(logits, vocab, p);
   if (greedy_) {
     const int32_t id = kept_[0];
-    // T == 0 scores at T == 1 (logits / 1 == logits exactly). An overflowed scale scores at T.
-    const float lp =
-        p.temperature > 0.0f ? ScaledLogProb(vocab, id) : LogSoftmaxAt(isa_, logits, vocab, id);
-    return {id, lp};
+    // T == 0, and a scale that overflowed (the T -> 0 limit), score at T == 1 (logits / 1 ==
+    // logits exactly): log-softmax of an overflowed scale is inf - inf = NaN.
+    return {id, LogSoftmaxAt(isa_, logits, vocab, id)};
   }
   // Step 6: Gumbel-max over kept_, starting from its largest value so the kMaxGumbel bound
   // prunes as much as possible.
@@ -259,7 +265,11 @@ float Sampler::LogProb(const float* logits, int32_t vocab, const SamplingParams&
   if (!(t > 0.0f)) return LogSoftmaxAt(isa_, logits, vocab, token);
   scaled_.resize(size_t(vocab));
   DivideAll(logits, t, vocab, scaled_.data());
-  return ScaledLogProb(vocab, token);
+  // ScaledLogProb's formula and bits; an overflowed scale scores at T == 1, as Sample does.
+  const float* x = scaled_.data();
+  const float m = kernels::MaxValue(isa_, x, vocab);
+  if (!std::isfinite(m)) return LogSoftmaxAt(isa_, logits, vocab, token);
+  return (x[token] - m) - kernels::Log(kernels::SumExpShifted(isa_, x, vocab, m));
 }
 
 std::vector<int32_t> Sampler::KeptIds(const float* logits, int32_t vocab, const SamplingParams& p) {

@@ -30,8 +30,9 @@
 // min-p 0.05 ~45 us per sample.
 //
 // REQUIRES of the logits: finite values (NaN or inf give an unspecified token in [0, vocab), never
-// a crash or an out-of-range id). A temperature so small that logits / T overflows to infinity
-// samples the argmax (the T -> 0 limit).
+// a crash or an out-of-range id). Temperatures in (0, kMinTemperature) are invalid (below). A
+// scale that still overflows (|logit| / T > FLT_MAX, i.e. logits beyond 3e32 at T = 1e-6) samples
+// the argmax (the T -> 0 limit) and scores it like T == 0, at T == 1: finite, never NaN.
 //
 // Thread-safety: a Sampler holds reusable scratch buffers and is NOT thread-safe; use one per
 // engine worker thread. Results never depend on which Sampler (or ISA) computes them.
@@ -52,7 +53,14 @@ struct SampleResult {
   float logprob = 0.0f;
 };
 
-// OK when temperature is finite and >= 0, top_k >= 0, 0 < top_p <= 1 and 0 <= min_p <= 1.
+// The smallest positive temperature accepted. 0 means greedy; a temperature in (0, 1e-6) is
+// refused with kInvalidArgument (here, in the wire's ValidateSubmit and by `bitroll generate`):
+// logits / T overflows fp32 for ordinary logits (NaN logprobs), and such a distribution's
+// logprobs are all about 0 or -inf, which no trainer can use. Pass 0 for greedy decoding.
+inline constexpr float kMinTemperature = 1e-6f;
+
+// OK when temperature is 0 or in [kMinTemperature, FLT_MAX], top_k >= 0, 0 < top_p <= 1 and
+// 0 <= min_p <= 1.
 // Errors: kInvalidArgument naming the field and its value.
 Status ValidateSamplingParams(const SamplingParams& p);
 

@@ -378,6 +378,86 @@ TEST(SamplerTest, ValidateSamplingParams) {
             std::string::npos);
 }
 
+// Issue 12 item 7: a positive temperature below 1e-6 is refused (it gave NaN logprobs).
+TEST(SamplerTest, TinyTemperatureIsInvalid) {
+  for (float t : {1e-45f, 1e-38f, 1e-20f, 9.9e-7f}) {
+    const Status s = ValidateSamplingParams(Params(t));
+    EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << t;
+    EXPECT_NE(s.message().find("temperature must be 0 (greedy) or >= 1e-06"), std::string::npos)
+        << s.message();
+  }
+  for (float t : {0.0f, 1e-6f, 0.7f, 1e30f, std::numeric_limits<float>::max()}) {
+    EXPECT_TRUE(ValidateSamplingParams(Params(t)).ok()) << t;
+  }
+}
+
+// A scale that overflows fp32 (a tiny temperature, reached here by calling the sampler without
+// validation) samples the argmax and scores it exactly as T == 0 does: never NaN. On typical
+// logits, T = 1e-38 and 1e-45 overflow and must equal greedy bit for bit.
+TEST(SamplerTest, OverflowedScaleEqualsGreedyNeverNaN) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> logits(32000);
+  for (float& x : logits) x = nd(rng);
+  const int32_t n = int32_t(logits.size());
+  for (Isa isa : SupportedIsas()) {
+    Sampler s(isa);
+    const SampleResult g = s.Sample(logits.data(), n, Params(0.0f), 0, 5);
+    for (float t : {1e-38f, 1e-45f}) {
+      for (const SamplingParams& p : {Params(t), Params(t, 40, 0.9f, 0.05f)}) {
+        const SampleResult r = s.Sample(logits.data(), n, p, 3, 5);
+        EXPECT_FALSE(std::isnan(r.logprob)) << t;
+        EXPECT_EQ(r.token, g.token) << t;
+        EXPECT_EQ(std::memcmp(&r.logprob, &g.logprob, 4), 0) << t << " " << r.logprob;
+        const float lp = s.LogProb(logits.data(), n, p, r.token);
+        EXPECT_EQ(std::memcmp(&lp, &r.logprob, 4), 0) << t << " " << lp;
+      }
+    }
+    // All-negative logits overflow to -inf: the same.
+    std::vector<float> neg(logits);
+    for (float& x : neg) x = -std::fabs(x) - 1.0f;
+    const SampleResult gn = s.Sample(neg.data(), n, Params(0.0f), 0, 5);
+    const SampleResult rn = s.Sample(neg.data(), n, Params(1e-45f), 0, 5);
+    EXPECT_EQ(rn.token, gn.token);
+    EXPECT_EQ(std::memcmp(&rn.logprob, &gn.logprob, 4), 0) << rn.logprob;
+  }
+}
+
+// Every valid combination at the edges of the ranges gives a token in range and a finite
+// logprob (or -inf for a token whose probability underflows), never NaN.
+TEST(SamplerTest, ValidEdgeParamsNeverGiveNaN) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 5.0f);
+  std::vector<float> logits(4096);
+  for (float& x : logits) x = nd(rng);
+  logits[17] = 80.0f;  // a dominant id
+  const int32_t n = int32_t(logits.size());
+  const float fmax = std::numeric_limits<float>::max();
+  Sampler s(kernels::BestIsa());
+  int checked = 0;
+  for (float t : {0.0f, 1e-6f, 1e-3f, 1.0f, 1e30f, fmax}) {
+    for (int32_t k : {0, 1, 2, n, std::numeric_limits<int32_t>::max()}) {
+      for (float top_p : {1e-45f, 0.5f, 1.0f}) {
+        for (float min_p : {0.0f, 1e-45f, 0.5f, 1.0f}) {
+          const SamplingParams p = Params(t, k, top_p, min_p, ~0ull);
+          ASSERT_TRUE(ValidateSamplingParams(p).ok());
+          for (int64_t pos : {int64_t{1}, int64_t{1} << 40}) {
+            const SampleResult r = s.Sample(logits.data(), n, p, 0xFFFFFFFFu, pos);
+            ASSERT_GE(r.token, 0);
+            ASSERT_LT(r.token, n);
+            EXPECT_FALSE(std::isnan(r.logprob))
+                << "t=" << t << " k=" << k << " top_p=" << top_p << " min_p=" << min_p;
+            const float lp = s.LogProb(logits.data(), n, p, r.token);
+            EXPECT_EQ(std::memcmp(&lp, &r.logprob, 4), 0);
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 6 * 5 * 3 * 4 * 2);
+}
+
 TEST(SamplerTest, HostileInputsNeverLeaveTheVocabulary) {
   Sampler s(kernels::BestIsa());
   const float nan = std::numeric_limits<float>::quiet_NaN();

@@ -1,7 +1,10 @@
 #include "rollout/protocol.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+
+#include "engine/sampler.h"  // kMinTemperature
 
 namespace bitroll::rollout {
 
@@ -59,6 +62,13 @@ Status CheckIds(const flatbuffers::Vector<int32_t>* ids, int32_t vocab, const ch
   return Status::Ok();
 }
 
+// %.9g of a float: enough digits to tell it apart (std::to_string prints 1e-45 as 0.000000).
+std::string FloatText(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
 }  // namespace
 
 Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits) {
@@ -91,6 +101,11 @@ Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits)
   if (const auto* s = m.sampling()) {
     if (!std::isfinite(s->temperature()) || s->temperature() < 0.0f) {
       return Status::InvalidArgument("temperature must be finite and >= 0");
+    }
+    if (s->temperature() > 0.0f && s->temperature() < engine::kMinTemperature) {
+      // logits / T overflows fp32: every logprob would be NaN (0 is greedy).
+      return Status::InvalidArgument("temperature must be 0 (greedy) or >= 1e-06, got " +
+                                     FloatText(s->temperature()));
     }
     if (s->top_k() < 0) return Status::InvalidArgument("top_k must be >= 0");
     if (!(s->top_p() > 0.0f && s->top_p() <= 1.0f)) {

@@ -172,6 +172,46 @@ TEST(ProtocolTest, AbsurdParams) {
   EXPECT_EQ(Check(EncodeSubmit(q, 1)).code(), ErrorCode::kInvalidArgument);
 }
 
+// Issue 12 item 7: a positive temperature below 1e-6 (logits / T overflows fp32, every logprob
+// was NaN) is refused; 0 (greedy) and 1e-6 and up are accepted, and so are the other sampling
+// parameters at the edges of their ranges.
+TEST(ProtocolTest, TinyTemperatureIsRefusedAndEdgesAreAccepted) {
+  for (float t : {1e-45f, 1e-38f, 1e-10f, 9.9e-7f}) {
+    SubmitRequest q = GoodRequest();
+    q.temperature = t;
+    const Status s = Check(EncodeSubmit(q, 1));
+    EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << t << ": " << s.ToString();
+    EXPECT_NE(s.message().find("temperature must be 0 (greedy) or >= 1e-06"), std::string::npos)
+        << s.message();
+  }
+  for (float t : {0.0f, 1e-6f, 1.0f, 1e30f, 3.4e38f}) {
+    SubmitRequest q = GoodRequest();
+    q.temperature = t;
+    EXPECT_TRUE(Check(EncodeSubmit(q, 1)).ok()) << t;
+  }
+  for (float t : {INFINITY, -INFINITY, -1e-45f, -0.5f}) {
+    SubmitRequest q = GoodRequest();
+    q.temperature = t;
+    EXPECT_EQ(Check(EncodeSubmit(q, 1)).code(), ErrorCode::kInvalidArgument) << t;
+  }
+  SubmitRequest q = GoodRequest();
+  q.top_p = 1e-45f;
+  q.min_p = 1.0f;
+  q.top_k = 2147483647;
+  EXPECT_TRUE(Check(EncodeSubmit(q, 1)).ok());
+  for (float p : {0.0f, -0.1f, 1.0001f, NAN, INFINITY}) {
+    q = GoodRequest();
+    q.top_p = p;
+    EXPECT_EQ(Check(EncodeSubmit(q, 1)).code(), ErrorCode::kInvalidArgument) << p;
+    q = GoodRequest();
+    q.min_p = p == 0.0f ? -1e-45f : p;
+    EXPECT_EQ(Check(EncodeSubmit(q, 1)).code(), ErrorCode::kInvalidArgument) << p;
+  }
+  q = GoodRequest();
+  q.top_k = -1;
+  EXPECT_EQ(Check(EncodeSubmit(q, 1)).code(), ErrorCode::kInvalidArgument);
+}
+
 TEST(ProtocolTest, ErrorCodesMirrorStatusH) {
   // Every bitroll::ErrorCode has a wire twin with the same value and the same name.
   for (int c = 0; c <= static_cast<int>(wire::ErrorCode_MAX); ++c) {

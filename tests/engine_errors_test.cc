@@ -1,6 +1,7 @@
 // Bad input reaches the engine as a typed error: no crash, no abort, nothing accepted is lost.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -112,6 +113,27 @@ TEST(EngineErrors, BadRequestsGetTypedErrorsAndOthersContinue) {
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[1].tokens.size(), 8u);
   EXPECT_EQ(out[1].finish, engine::FinishReason::kLength);
+}
+
+// Issue 12 item 7: a temperature in (0, 1e-6) made every logprob NaN on the real model; it is
+// refused with InvalidArgument, nothing is queued, and temperature 1e-6 runs with finite
+// logprobs (greedy stays the reference for the T -> 0 limit).
+TEST(EngineErrors, TinyTemperatureIsRefusedNeverNaN) {
+  auto e = testing_util::MakeEngine({});
+  ASSERT_NE(e, nullptr);
+  for (float t : {1e-45f, 1e-38f, 5e-7f}) {
+    engine::SequenceRequest r = testing_util::Target(1, testing_util::Sampled());
+    r.sampling.temperature = t;
+    const Status s = e->Add(r);
+    EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << t << ": " << s.ToString();
+  }
+  EXPECT_FALSE(e->HasWork());
+  engine::SequenceRequest r = testing_util::Target(2, testing_util::Sampled());
+  r.sampling.temperature = 1e-6f;
+  auto out = testing_util::RunAll(*e, {r});
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_FALSE(out[2].logprobs.empty());
+  for (float lp : out[2].logprobs) EXPECT_FALSE(std::isnan(lp));
 }
 
 TEST(EngineErrors, AbortFinishesWithAbortedAndFreesBlocks) {

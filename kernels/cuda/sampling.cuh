@@ -80,8 +80,9 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleKernelParams p) {
   int32_t id = sid[0];
   if (id == 0x7FFFFFFF) id = 0;  // every score NaN: unspecified but in range
 
-  // The logprob: log-softmax at id of logits (T == 0) or of logits / T.
-  const bool use_scaled = t_positive;
+  // The logprob: log-softmax at id of logits (T == 0, or a scale that overflowed: scoring it would
+  // give inf - inf = NaN) or of logits / T (as engine/sampler.h).
+  const bool use_scaled = !greedy;
   float mloc = neg_inf;
   for (int32_t i = t; i < p.vocab; i += kThreads) {
     mloc = MaxKeep(mloc, use_scaled ? __fdiv_rn(x[i], temp) : x[i]);

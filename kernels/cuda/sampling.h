@@ -3,7 +3,7 @@
 //
 // Per row (one CTA per row):
 //   T == 0 (or !(T > 0)), or logits / T overflowing: greedy = argmax of the logits, ties to the
-//     lowest id; logprob = log-softmax of the logits at T == 1 (of logits / T when it overflowed).
+//     lowest id; logprob = log-softmax of the logits at T == 1 (finite, never the NaN of inf - inf).
 //   else: scaled[i] = logits[i] / T (one fp32 divide); token = argmax over i of
 //     (double)scaled[i] + GumbelNoise(seed, sample_index, position, i), ties to the lowest id;
 //     logprob = (scaled[id] - M) - Log(sum_i Exp(scaled[i] - M)), M = max scaled.

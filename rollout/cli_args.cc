@@ -54,6 +54,25 @@ int64_t CliArgs::Int(const std::string& name, int64_t fallback) {
   return x;
 }
 
+uint64_t CliArgs::Uint64(const std::string& name, uint64_t fallback) {
+  const bool given = values_.count(name) != 0;
+  const std::string v = String(name, "");
+  if (!given) return fallback;
+  // strtoull accepts "-1" (and wraps it to 2^64 - 1) and leading blanks: digits only.
+  const bool digits = !v.empty() && v[0] >= '0' && v[0] <= '9';
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long x = digits ? std::strtoull(v.c_str(), &end, 10) : 0;
+  if (!digits || errno != 0 || *end != '\0') {
+    if (error_.empty()) {
+      error_ = "--" + name + ": '" + v + "' is not an integer in [0, 18446744073709551615]";
+    }
+    return fallback;
+  }
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
+  return x;
+}
+
 double CliArgs::Double(const std::string& name, double fallback) {
   const std::string v = String(name, "");
   if (v.empty()) return fallback;

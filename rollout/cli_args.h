@@ -25,6 +25,9 @@ class CliArgs {
   bool Has(const std::string& name) const;
   std::string String(const std::string& name, const std::string& fallback);
   int64_t Int(const std::string& name, int64_t fallback);
+  // A decimal integer in [0, 2^64 - 1] (e.g. a seed, a uint64 on the wire). A sign, another base,
+  // an empty value or a value past 2^64 - 1 is an error naming the range.
+  uint64_t Uint64(const std::string& name, uint64_t fallback);
   double Double(const std::string& name, double fallback);
   bool Bool(const std::string& name);  // present without a value, or =1/true/yes
   // Non-flag arguments, in order.

@@ -7,8 +7,10 @@
 // with ids, logprobs (and their exact bits), finish reason, cost and the numerics fingerprint.
 #include <sys/resource.h>
 
+#include <cfloat>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -20,6 +22,7 @@
 
 #include "engine/cpu_engine.h"
 #include "engine/model_loader.h"
+#include "engine/sampler.h"
 #include "rollout/cli_args.h"
 #include "rollout/commands.h"
 
@@ -36,9 +39,12 @@ constexpr const char* kUsage = R"(usage: bitroll generate --model PATH [options]
   -n N                   samples per prompt (default 1); sample i uses noise stream i
   --max-tokens N         tokens to generate per sample (default: fill --steps)
   --steps N              llama2.c run.c's -n: total positions incl. the prompt (default 256)
-  --temperature T        0 = greedy (default 1.0)
-  --top-p P              nucleus sampling (default 0.9)    --top-k K   (default 0 = off)
-  --min-p P              (default 0 = off)                --seed S    (default 42)
+  --temperature T        0 = greedy, else >= 1e-6 (default 1.0); a positive T below 1e-6 is
+                         refused (logits / T overflows fp32): pass 0 for greedy
+  --top-p P              nucleus sampling, in (0, 1] (default 0.9)
+  --top-k K              keep the K most likely, 0 = off (default 0)
+  --min-p P              in [0, 1], 0 = off (default 0)
+  --seed S               any integer in [0, 2^64 - 1], as the wire seed (default 42)
   --device NAME          cpu|cuda (default cpu): cuda runs the forward pass on the GPU (weights
                          and KV cache on the device; a different numerics fingerprint)
   --threads N            kernel threads (default 1); never changes a bit
@@ -57,6 +63,14 @@ std::string Hex32(float f) {
   char buf[16];
   std::snprintf(buf, sizeof(buf), "%08" PRIx32, u);
   return buf;
+}
+
+// A flag's double as the float the engine takes: out of float's range is infinite (then refused
+// by the validation) rather than the undefined behaviour of the cast.
+float ToFloat(double d) {
+  if (d > static_cast<double>(FLT_MAX)) return INFINITY;
+  if (d < -static_cast<double>(FLT_MAX)) return -INFINITY;
+  return static_cast<float>(d);
 }
 
 long PeakRssKb() {
@@ -127,15 +141,26 @@ int CmdGenerate(int argc, char** argv) {
   const int max_tokens_flag = args.Int("max-tokens", 0);
   const bool json = args.Bool("json");
   engine::SamplingParams sp;
-  sp.temperature = static_cast<float>(args.Double("temperature", 1.0));
-  sp.top_p = static_cast<float>(args.Double("top-p", 0.9));
-  sp.top_k = args.Int("top-k", 0);
-  sp.min_p = static_cast<float>(args.Double("min-p", 0.0));
-  sp.seed = static_cast<uint64_t>(args.Int("seed", 42));
+  sp.temperature = ToFloat(args.Double("temperature", 1.0));
+  sp.top_p = ToFloat(args.Double("top-p", 0.9));
+  const int64_t top_k = args.Int("top-k", 0);
+  sp.min_p = ToFloat(args.Double("min-p", 0.0));
+  sp.seed = args.Uint64("seed", 42);
   const std::string prompt_text = args.String("prompt", "Once upon a time");
   const std::string prompts_file = args.String("prompts", "");
   if (Status s = args.Finish(); !s.ok()) {
     std::fprintf(stderr, "bitroll generate: %s\n%s", s.ToString().c_str(), kUsage);
+    return 2;
+  }
+  if (top_k < 0 || top_k > INT32_MAX) {
+    std::fprintf(stderr,
+                 "bitroll generate: --top-k: top_k must be in [0, 2147483647], got %" PRId64 "\n",
+                 top_k);
+    return 2;
+  }
+  sp.top_k = static_cast<int32_t>(top_k);
+  if (Status s = engine::ValidateSamplingParams(sp); !s.ok()) {
+    std::fprintf(stderr, "bitroll generate: %s\n", s.ToString().c_str());
     return 2;
   }
   if (eo.model_path.empty()) {

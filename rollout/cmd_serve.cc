@@ -109,6 +109,7 @@ int CmdReplica(int argc, char** argv) {
   ro.name = c.name;
   ro.remote = true;
   ro.capacity = c.coordinator.local_replica.capacity;
+  ro.weights_load_timeout_ms = c.coordinator.local_replica.weights_load_timeout_ms;
   InstallSignals();
   zmq::context_t ctx(1);
   spdlog::info("bitroll replica {}: connecting to {}", ro.name, c.connect);

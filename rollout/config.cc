@@ -61,12 +61,13 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument("config is not a JSON object");
   }
-  BR_RETURN_IF_ERROR(CheckKeys(
-      j,
-      {"bind", "replica_bind", "replicas", "engine", "model", "tokenizer", "threads", "device",
-       "kv_cache_bytes", "max_queued", "replica_timeout_ms", "stream_timeout_ms",
-       "replica_capacity", "max_message_bytes", "limits", "price", "null_engine", "log_level"},
-      "the top level"));
+  BR_RETURN_IF_ERROR(
+      CheckKeys(j,
+                {"bind", "replica_bind", "replicas", "engine", "model", "tokenizer", "threads",
+                 "device", "kv_cache_bytes", "max_queued", "replica_timeout_ms",
+                 "stream_timeout_ms", "replica_capacity", "weights_load_timeout_ms",
+                 "max_message_bytes", "limits", "price", "null_engine", "log_level"},
+                "the top level"));
   auto& co = c->coordinator;
   BR_RETURN_IF_ERROR(Get(j, "bind", &co.bind));
   BR_RETURN_IF_ERROR(Get(j, "replica_bind", &co.replica_bind));
@@ -81,6 +82,7 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   BR_RETURN_IF_ERROR(Get(j, "replica_timeout_ms", &co.replica_timeout_ms));
   BR_RETURN_IF_ERROR(Get(j, "stream_timeout_ms", &co.stream_timeout_ms));
   BR_RETURN_IF_ERROR(Get(j, "replica_capacity", &co.local_replica.capacity));
+  BR_RETURN_IF_ERROR(Get(j, "weights_load_timeout_ms", &co.local_replica.weights_load_timeout_ms));
   BR_RETURN_IF_ERROR(Get(j, "max_message_bytes", &co.decode.max_message_bytes));
   BR_RETURN_IF_ERROR(Get(j, "log_level", &c->log_level));
   if (auto it = j.find("limits"); it != j.end()) {
@@ -157,6 +159,9 @@ Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
       BR_RETURN_IF_ERROR(ParseNumber("--max-queued", v, &co.max_queued));
     } else if (flag == "--replica-timeout-ms") {
       BR_RETURN_IF_ERROR(ParseNumber("--replica-timeout-ms", v, &co.replica_timeout_ms));
+    } else if (flag == "--weights-load-timeout-ms") {
+      BR_RETURN_IF_ERROR(
+          ParseNumber("--weights-load-timeout-ms", v, &co.local_replica.weights_load_timeout_ms));
     } else if (flag == "--stream-timeout-ms") {
       BR_RETURN_IF_ERROR(ParseNumber("--stream-timeout-ms", v, &co.stream_timeout_ms));
     } else if (flag == "--price-replica-hour") {

@@ -34,7 +34,8 @@ Status LoadConfigFile(const std::string& path, ServeConfig* config);
 
 // Applies flags (argv[first..argc)): --config F (loaded first), --model P, --replicas N,
 // --bind EP, --replica-bind EP, --connect EP, --engine auto|null, --threads N, --name S,
-// --max-queued N, --replica-timeout-ms N, --price-replica-hour X, --null-delay-us N,
+// --max-queued N, --replica-timeout-ms N, --weights-load-timeout-ms N (UpdateWeights {path} loads
+// of the replicas, rollout/replica.h), --price-replica-hour X, --null-delay-us N,
 // --null-vocab N, --log-level L, --data-dir DIR (the WAL; resume after a crash),
 // --durability sync|window|none, --wal-commit-ms N, --wal-sync-window-ms N, and the tool loop's
 // --tool-workers N (8), --tool-append-file PATH, --tool-append-delay-ms N, --tool-uid-base UID

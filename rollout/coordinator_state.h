@@ -169,6 +169,7 @@ struct Coordinator::State {
     std::shared_ptr<const std::string> body;  // part / commit: the envelope sent to replicas
     Status error;                             // first replica failure
     std::unordered_set<int> waiting;          // replicas that have not acked
+    std::unordered_set<int> installed;        // replicas that acked (installed / staged it)
   };
   // A streamed update between its first part and its commit.
   struct Stream {

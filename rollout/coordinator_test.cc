@@ -483,6 +483,73 @@ TEST(CoordinatorTest, UpdateWeightsDrainAndVersions) {
   ASSERT_TRUE(client->Drain(true, kTimeoutMs).ok());
 }
 
+// Issue 12 item 8: an Ack to UpdateWeights means some live replica installed the weights. With
+// no replica, or when every replica dies before answering, the update gets a typed error and the
+// live version does not move.
+TEST(CoordinatorTest, UpdateNoReplicaInstalledIsNotAcked) {
+  CoordinatorOptions o;
+  o.replica_bind = "tcp://127.0.0.1:*";
+  o.replica_timeout_ms = 1000;
+  o.submit.vocab_size = 512;
+  Server s = StartServer(0, o);
+  auto client = Connect(s.endpoint);
+  auto none = client->UpdateWeights("w3", 3, /*drain=*/false, kTimeoutMs);
+  ASSERT_FALSE(none.ok()) << "acked version " << *none << " with no replica";
+  EXPECT_EQ(none.status().code(), ErrorCode::kUnavailable) << none.status().ToString();
+
+  // A replica that takes the update and never answers (it hangs) is declared dead.
+  zmq::context_t ctx(1);
+  zmq::socket_t fake(ctx, zmq::socket_type::dealer);
+  fake.set(zmq::sockopt::linger, 0);
+  fake.connect(s.coord->replica_endpoint());
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto fp = wire::CreateFingerprint(fbb, NullEngineOptions{}.weights_hash, 0, 0,
+                                      fbb.CreateString("null"));
+    auto h = wire::CreateReplicaHello(fbb, fbb.CreateString("hung"), 512, 4096, fp, 64, 0, true);
+    FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
+    fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+  }
+  std::this_thread::sleep_for(100ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto dead = client->UpdateWeights("w4", 4, /*drain=*/false, kTimeoutMs);
+  ASSERT_FALSE(dead.ok()) << "acked version " << *dead << " that no replica installed";
+  EXPECT_EQ(dead.status().code(), ErrorCode::kUnavailable) << dead.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  zmq::message_t got;
+  fake.set(zmq::sockopt::rcvtimeo, 1000);
+  ASSERT_TRUE(fake.recv(got));  // it did receive the update
+  std::vector<uint64_t> aligned;
+  auto env = DecodeEnvelope(AlignForRead(got.data(), got.size(), &aligned), got.size(), {});
+  ASSERT_TRUE(env.ok());
+  EXPECT_EQ((*env)->msg_type(), wire::Message_UpdateWeights);
+  auto st = client->GetStatus(kTimeoutMs);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->weight_version, 0u);
+
+  // A good replica joins: the next update is installed and acked.
+  std::atomic<bool> stop{false};
+  NullEngine eng({});
+  ReplicaOptions ro;
+  ro.name = "good";
+  std::thread good([&] {
+    zmq::context_t c2(1);
+    EXPECT_TRUE(RunReplica(eng, c2, s.coord->replica_endpoint(), ro, stop).ok());
+  });
+  Result<uint64_t> v = Status::Unavailable("not tried");
+  for (int i = 0; i < 100 && !v.ok(); ++i) {  // until the replica has said hello
+    v = client->UpdateWeights("w5", 5, /*drain=*/false, kTimeoutMs);
+    if (!v.ok()) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, 5u);
+  st = client->GetStatus(kTimeoutMs);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->weight_version, 5u);
+  stop.store(true);
+  good.join();
+}
+
 TEST(CoordinatorTest, UpdateMidGenerationSplitsSpans) {
   NullEngineOptions ne;
   ne.step_delay_us = 2000;

@@ -219,6 +219,18 @@ void Coordinator::State::MaybeFinishUpdate() {
   if (!update.active || !update.sent) return;
   const bool early_error = update.kind == Kind::kNccl && !update.error.ok();
   if (!update.waiting.empty() && !early_error) return;
+  // An Ack means installed: some replica that is still live acked it. None connected, or every
+  // one died (silent past replica_timeout_ms, e.g. stuck in a load) before answering: an error.
+  int live_installed = 0;
+  for (int r : update.installed) live_installed += replicas[r].alive ? 1 : 0;
+  if (update.error.ok() && live_installed == 0) {
+    update.error = Status::Unavailable(
+        "weights version " + std::to_string(update.version) + ": no live replica " +
+        (update.kind == Kind::kPart ? "staged" : "installed") +
+        " it (none is connected, or every replica died before answering); the live version "
+        "stays " +
+        std::to_string(weight_version));
+  }
   if (!update.error.ok()) {
     SendError(update.client, update.request_id, update.error);
     if (update.kind == Kind::kPart || update.kind == Kind::kCommit) {
@@ -370,6 +382,7 @@ void Coordinator::State::OnUpdateReply(int r, uint64_t request_id, Status s) {
   if (!update.active || !update.sent || request_id != update.replica_request_id) return;
   if (!s.ok() && update.error.ok()) update.error = s.WithContext(rep.name);
   if (s.ok() && update.kind != Kind::kPart) rep.stale = false;  // it serves the new weights
+  if (s.ok()) update.installed.insert(r);
   update.waiting.erase(r);
   MaybeFinishUpdate();
 }

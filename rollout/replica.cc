@@ -1,12 +1,24 @@
 #include "rollout/replica.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
 
 #include <spdlog/spdlog.h>
 
+#include "engine/model_loader.h"
 #include "rollout/protocol.h"
 #include "rollout/replica_weights.h"
 #include "rollout/tool_detect.h"
@@ -39,6 +51,53 @@ wire::FinishReason ToWireFinish(engine::FinishReason f) {
   return static_cast<wire::FinishReason>(f);
 }
 
+// Timed-out loads of one replica whose threads still run: with this many, a new path update is
+// refused (kUnavailable) rather than leaving yet another thread behind.
+constexpr int kMaxStuckLoads = 3;
+
+// Refuses a weights path that is not a regular file or a directory before anything reads it:
+// open() of a FIFO blocks until a writer comes, a device may never end. stat() first, so that
+// nothing else is ever opened; then open(O_NONBLOCK) + fstat() for what was actually opened.
+// Runs on the loader thread: on a hung filesystem even stat() may block.
+Status CheckWeightsPath(const std::string& path) {
+  auto kind = [](mode_t m) {
+    return S_ISFIFO(m)   ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a regular file";
+  };
+  auto refuse = [&](mode_t m) {
+    return Status::InvalidArgument("weights path " + path +
+                                   " is not a regular file or a directory (" + kind(m) +
+                                   "): refused, reading it could block forever");
+  };
+  auto os_error = [&](int err) {
+    const std::string m = "weights path " + path + ": " + std::strerror(err);
+    if (err == ENOENT || err == ENOTDIR) return Status::NotFound(m);
+    if (err == ENXIO) return Status::InvalidArgument(m + " (not a regular file)");
+    return Status::IoError(m);
+  };
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return os_error(errno);
+  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return refuse(st.st_mode);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return os_error(errno);
+  const int rc = ::fstat(fd, &st);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return os_error(err);
+  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return refuse(st.st_mode);
+  return Status::Ok();
+}
+
+// What a loader thread hands back. Shared by the thread and the replica loop: a timed-out load's
+// thread keeps it alive alone, and its result is dropped with it.
+struct LoadJob {
+  std::mutex mu;
+  std::optional<Result<engine::ModelWeights>> result;  // set once, when the load ends
+};
+
 flatbuffers::Offset<wire::Fingerprint> BuildFingerprint(flatbuffers::FlatBufferBuilder& fbb,
                                                         const engine::NumericsFingerprint& f) {
   return wire::CreateFingerprint(fbb, f.weights_hash, f.kernel_version, f.attention_chunk,
@@ -51,7 +110,8 @@ class ReplicaLoop {
       : engine_(engine),
         sock_(ctx, zmq::socket_type::dealer),
         options_(options),
-        weights_(engine, options.name) {}
+        weights_(engine, options.name),
+        loaders_(std::make_shared<std::atomic<int>>(0)) {}
 
   Status Run(const std::string& endpoint, const std::atomic<bool>& stop) {
     try {
@@ -68,10 +128,26 @@ class ReplicaLoop {
       try {
         const bool busy = engine_.HasWork();
         zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1,
-                  std::chrono::milliseconds(busy ? 0 : std::min(options_.heartbeat_ms, 50)));
-        zmq::message_t msg;
-        while (sock_.recv(msg, zmq::recv_flags::dontwait)) Handle(msg);
+        // While a weights load runs, look at it every few ms (it is no socket event).
+        const int idle_ms =
+            load_ ? std::min(options_.heartbeat_ms, 5) : std::min(options_.heartbeat_ms, 50);
+        zmq::poll(&item, 1, std::chrono::milliseconds(busy ? 0 : idle_ms));
+        while (true) {
+          zmq::message_t msg;
+          if (!sock_.recv(msg, zmq::recv_flags::dontwait)) break;
+          // Behind a running load, messages wait in order (work may need the new weights).
+          if (load_ || !deferred_.empty()) {
+            deferred_.push_back(std::move(msg));
+          } else {
+            Handle(msg);
+          }
+        }
+        PollLoad();
+        while (!load_ && !deferred_.empty()) {
+          zmq::message_t msg = std::move(deferred_.front());
+          deferred_.pop_front();
+          Handle(msg);
+        }
         if (engine_.HasWork()) BR_RETURN_IF_ERROR(StepOnce());
         if (Clock::now() - last_beat >= std::chrono::milliseconds(options_.heartbeat_ms)) {
           SendHeartbeat();
@@ -137,27 +213,122 @@ class ReplicaLoop {
       }
       case wire::Message_UpdateWeights: {
         const auto* u = e->msg_as_UpdateWeights();
+        if (StartLoad(*u, e->request_id())) return;  // answered when the load ends
         const uint64_t before = weights_.version();
         Status s = weights_.Apply(*u);
-        flatbuffers::FlatBufferBuilder fbb(128);
         if (s.ok()) {
           version_ = weights_.version();
           if (version_ != before || u->path() != nullptr) {
             spdlog::info("replica={} weights version={} live", options_.name, version_);
           }
-          auto ack = wire::CreateAck(fbb, 0, 0, 0, version_);
-          FinishEnvelope(fbb, e->request_id(), wire::Message_Ack, ack.Union());
-        } else {
-          auto err = wire::CreateError(fbb, ToWire(s.code()), fbb.CreateString(s.message()));
-          FinishEnvelope(fbb, e->request_id(), wire::Message_Error, err.Union());
         }
-        Send(fbb);
+        SendUpdateReply(e->request_id(), s);
         return;
       }
       default:
         spdlog::warn("replica={} ignores message type {}", options_.name,
                      wire::EnumNameMessage(e->msg_type()));
     }
+  }
+
+  void SendUpdateReply(uint64_t request_id, const Status& s) {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    if (s.ok()) {
+      auto ack = wire::CreateAck(fbb, 0, 0, 0, version_);
+      FinishEnvelope(fbb, request_id, wire::Message_Ack, ack.Union());
+    } else {
+      auto err = wire::CreateError(fbb, ToWire(s.code()), fbb.CreateString(s.message()));
+      FinishEnvelope(fbb, request_id, wire::Message_Error, err.Union());
+    }
+    Send(fbb);
+  }
+
+  // UpdateWeights {path} on an engine with weights (or with options_.load_weights): starts the
+  // loader thread and returns true; the reply follows from PollLoad(). False: Apply() it here.
+  bool StartLoad(const wire::UpdateWeights& u, uint64_t request_id) {
+    const bool path_only = u.path() != nullptr && u.path()->size() > 0 && u.tensors() == nullptr &&
+                           !u.more() && u.nccl() == nullptr && !u.abort();
+    if (!path_only || (!options_.load_weights && engine_.weights() == nullptr)) return false;
+    if (loaders_->load() >= kMaxStuckLoads) {  // no load is pending here: all are stuck
+      SendUpdateReply(
+          request_id,
+          Status::Unavailable("replica " + options_.name + ": " + std::to_string(loaders_->load()) +
+                              " earlier weight loads are still stuck (a hung filesystem?)"));
+      return true;
+    }
+    auto job = std::make_shared<LoadJob>();
+    std::string path = u.path()->str();
+    loaders_->fetch_add(1);
+    try {
+      // Owns copies of everything: it may outlive this loop (a timed-out load is detached).
+      std::thread([job, path, load = options_.load_weights, loaders = loaders_] {
+        Status checked = CheckWeightsPath(path);
+        Result<engine::ModelWeights> w = !checked.ok() ? Result<engine::ModelWeights>(checked)
+                                         : load        ? load(path)
+                                                       : engine::LoadModelWeights(path);
+        {
+          std::lock_guard<std::mutex> lock(job->mu);
+          job->result.emplace(std::move(w));
+        }
+        loaders->fetch_sub(1);
+      }).detach();
+    } catch (const std::system_error& ex) {
+      loaders_->fetch_sub(1);
+      SendUpdateReply(request_id, Status::ResourceExhausted(
+                                      std::string("cannot start a weights loader: ") + ex.what()));
+      return true;
+    }
+    PendingLoad p;
+    p.job = std::move(job);
+    p.request_id = request_id;
+    p.version = u.version();
+    p.path = std::move(path);
+    p.started = Clock::now();
+    spdlog::info("replica={} loading weights version={} from {}", options_.name, p.version, p.path);
+    load_ = std::move(p);
+    return true;
+  }
+
+  // Installs and answers a finished load, or answers kTimeout for one past its deadline (its
+  // thread is left to finish alone; what it loads is dropped).
+  void PollLoad() {
+    if (!load_) return;
+    std::optional<Result<engine::ModelWeights>> r;
+    {
+      std::lock_guard<std::mutex> lock(load_->job->mu);
+      if (load_->job->result) r = std::move(load_->job->result);
+    }
+    const int limit_ms = options_.weights_load_timeout_ms;
+    if (!r) {
+      if (limit_ms <= 0 || Clock::now() - load_->started < std::chrono::milliseconds(limit_ms)) {
+        return;
+      }
+      Status s =
+          Status::Timeout("replica " + options_.name + ": loading weights version=" +
+                          std::to_string(load_->version) + " from " + load_->path +
+                          " took longer than weights_load_timeout_ms=" + std::to_string(limit_ms) +
+                          "; abandoned, the old weights keep serving");
+      spdlog::error("{}", s.message());
+      const uint64_t id = load_->request_id;
+      load_.reset();
+      SendUpdateReply(id, s);
+      return;
+    }
+    const PendingLoad done = std::move(*load_);
+    load_.reset();
+    Status s = r->status();
+    if (s.ok()) {
+      s = weights_.Install(std::make_shared<const engine::ModelWeights>(std::move(*r).value()),
+                           done.version);
+    }
+    if (s.ok()) {
+      version_ = weights_.version();
+      spdlog::info("replica={} weights version={} live", options_.name, version_);
+    } else {
+      spdlog::error("replica={} weights version={} from {}: {}", options_.name, done.version,
+                    done.path, s.ToString());
+    }
+    SendUpdateReply(done.request_id, s);
   }
 
   void AddWork(const wire::WorkItem& w) {
@@ -434,7 +605,18 @@ class ReplicaLoop {
   engine::Engine& engine_;
   zmq::socket_t sock_;
   const ReplicaOptions& options_;
-  ReplicaWeights weights_;                       // applies UpdateWeights messages
+  ReplicaWeights weights_;  // applies UpdateWeights messages
+  // A path update being loaded on its loader thread (StartLoad / PollLoad).
+  struct PendingLoad {
+    std::shared_ptr<LoadJob> job;
+    uint64_t request_id = 0;
+    uint64_t version = 0;
+    std::string path;
+    Clock::time_point started;
+  };
+  std::optional<PendingLoad> load_;
+  std::deque<zmq::message_t> deferred_;          // arrived during the load, handled after it
+  std::shared_ptr<std::atomic<int>> loaders_;    // this replica's loader threads still running
   std::unordered_map<uint64_t, ItemMeta> meta_;  // live work items by work_id
   int64_t streaming_ = 0;                        // live items with stream_tokens
   int64_t detecting_ = 0;                        // live items with a tool/stop detector

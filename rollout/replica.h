@@ -6,6 +6,14 @@
 // work, send finished trajectories (and token chunks of streaming samples) as ReplicaResults, and a
 // ReplicaHeartbeat every heartbeat_ms. Weight updates are applied between two Step() calls.
 //
+// UpdateWeights {path} (docs/weights.md "Loading from a path"): the path is checked and loaded on a
+// loader thread, never on this one, so a FIFO, a device or a hung filesystem cannot stop the
+// heartbeats. A path that is not a regular file or a directory is refused (kInvalidArgument)
+// before any read; a load past weights_load_timeout_ms is answered kTimeout and its thread
+// detached. Meanwhile the running sequences keep stepping; messages that arrive wait, in order,
+// until the load ends (so a replayed update still precedes the work that needs it). Engines
+// without weights of their own (the NullEngine) apply the path on this thread, as before.
+//
 // The replica never decides anything numerical: each WorkItem carries (prompt, sampling params,
 // seed, sample_index, forced tokens); the engine's results are a pure function of those. A resumed
 // item (WorkItem.forced_ids, from the coordinator's WAL) is added with SequenceRequest::forced:
@@ -35,6 +43,7 @@
 #include <zmq.hpp>
 
 #include "engine/engine.h"
+#include "engine/model_weights.h"
 #include "schema/status.h"
 
 namespace bitroll::rollout {
@@ -44,6 +53,14 @@ struct ReplicaOptions {
   bool remote = false;           // informational: a separate process / host
   uint32_t capacity = 256;       // work items the coordinator may keep in flight here
   int heartbeat_ms = 100;        // liveness signal; the coordinator's timeout is several of these
+  // UpdateWeights {path}: a load that takes longer is abandoned and answered kTimeout; the old
+  // weights keep serving. <= 0: no deadline.
+  int weights_load_timeout_ms = 120000;
+  // Loads the weights of an UpdateWeights {path} on the loader thread, after the path was found
+  // to be a regular file or a directory. Unset: engine::LoadModelWeights. It may outlive the
+  // replica (a timed-out load is detached), so it must own what it uses. For tests (a slow
+  // filesystem) and custom loaders.
+  std::function<Result<engine::ModelWeights>(const std::string&)> load_weights;
   // Encodes a text prompt into token ids. Unset: the engine's tokenizer (BOS prepended, as
   // `bitroll generate` does); an engine without one finishes text prompts with kUnsupported.
   std::function<Result<std::vector<int32_t>>(std::string_view)> encode_text;

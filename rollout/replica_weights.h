@@ -40,11 +40,13 @@ class ReplicaWeights {
   // Applies one message. Ok: the live version is version() (unchanged by a part). The error is
   // typed; the engine keeps serving the weights it had.
   Status Apply(const wire::UpdateWeights& u);
+  // Installs weights loaded elsewhere (a path update, loaded on the replica's loader thread)
+  // under `version`. The error is typed; the engine keeps serving the weights it had.
+  Status Install(std::shared_ptr<const engine::ModelWeights> w, uint64_t version);
   uint64_t version() const { return version_; }
 
  private:
   Status Stage(const wire::UpdateWeights& u);
-  Status Install(std::shared_ptr<const engine::ModelWeights> w, uint64_t version);
 
   engine::Engine& engine_;
   std::string name_;

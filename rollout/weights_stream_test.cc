@@ -4,17 +4,23 @@
 // logprob bits) what a service started on stories260K generates. Also: partial updates replayed
 // to a replica that joins late, typed errors that install nothing, part ordering, abandoned
 // streams, and the NCCL source's checks that run without a GPU.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -336,6 +342,144 @@ TEST(WeightsStreamTest, PartsMustContinueTheStream) {
   auto v = other->UpdateWeights(ModelsDir() + "/stories260K.bin", 9, false, kTimeoutMs);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(Matching(RunGroup(*s.client, 3), Reference()), 16);
+}
+
+// Issue 12 item 8: UpdateWeights{path = a FIFO}. open() of a FIFO blocks until a writer comes;
+// it hung both replica threads, the coordinator declared them dead for good and acked the
+// update. Now the path is refused with a typed error at once, the replicas stay alive and serve,
+// and a later valid update succeeds.
+TEST(WeightsStreamTest, PathThatBlocksOnOpenIsRefusedAndReplicasLive) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("bitroll_weights_fifo_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string fifo = (dir / "weights.fifo").string();
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  CoordinatorOptions o;
+  o.replica_timeout_ms = 2000;
+  Service s = Start(ModelsDir() + "/stories260K.bin", 2, o);
+  // Declared after the service, so it runs first: a replica thread stuck in open() (the bug) is
+  // released by a writer, else the service's destructor would wait for it forever.
+  struct Unblock {
+    std::string path;
+    fs::path dir;
+    ~Unblock() {
+      for (int i = 0; i < 5; ++i) {
+        const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0) ::close(fd);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } unblock{fifo, dir};
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto v = s.client->UpdateWeights(fifo, 7, false, kTimeoutMs);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(v.ok()) << "acked version " << *v << " after " << secs << " s";
+  EXPECT_EQ(v.status().code(), ErrorCode::kInvalidArgument) << v.status().ToString();
+  EXPECT_NE(v.status().message().find("not a regular file"), std::string::npos)
+      << v.status().message();
+  EXPECT_LT(secs, 5.0);
+  // A character device is refused the same way (it never reaches the loader).
+  v = s.client->UpdateWeights("/dev/zero", 7, false, kTimeoutMs);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), ErrorCode::kInvalidArgument) << v.status().ToString();
+
+  // Past the replica timeout both replicas are alive and on the old weights, and serve.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  auto st = s.client->GetStatus(kTimeoutMs);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->replicas.size(), 2u);
+  for (const auto& r : st->replicas) {
+    EXPECT_TRUE(r.alive) << r.name;
+    EXPECT_EQ(r.weight_version, 0u) << r.name;
+  }
+  EXPECT_EQ(st->weight_version, 0u);
+  EXPECT_EQ(Matching(RunGroup(*s.client, 2), Reference()), 16);
+  // A valid update afterwards is installed on both.
+  v = s.client->UpdateWeights(RandomModelPath(), 8, false, kTimeoutMs);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, 8u);
+  st = s.client->GetStatus(kTimeoutMs);
+  ASSERT_TRUE(st.ok());
+  for (const auto& r : st->replicas) {
+    EXPECT_TRUE(r.alive) << r.name;
+    EXPECT_EQ(r.weight_version, 8u) << r.name;
+  }
+  EXPECT_EQ(Matching(RunGroup(*s.client, 3), Reference()), 0);  // the random weights now
+}
+
+// The deadline for slow or hung filesystems: a load that takes longer than
+// weights_load_timeout_ms is answered Timeout while the replicas keep heartbeating (they outlive
+// replica_timeout_ms) and serving; the stuck loader finishes later and nothing is installed; a
+// later update succeeds.
+TEST(WeightsStreamTest, SlowPathLoadTimesOutAndReplicasLive) {
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+  };
+  auto gate = std::make_shared<Gate>();
+  CoordinatorOptions o;
+  o.replica_timeout_ms = 1000;
+  o.local_replica.weights_load_timeout_ms = 2500;
+  // A filesystem that hangs for paths under "slow/" until the test opens the gate.
+  o.local_replica.load_weights = [gate](const std::string& path) {
+    if (path.find("/slow/") != std::string::npos) {
+      std::unique_lock<std::mutex> lock(gate->mu);
+      gate->cv.wait(lock, [&] { return gate->open; });
+    }
+    return engine::LoadModelWeights(path);
+  };
+  const fs::path slow =
+      fs::temp_directory_path() / ("bitroll_weights_slow_" + std::to_string(::getpid())) / "slow";
+  fs::create_directories(slow);
+  fs::copy_file(RandomModelPath(), slow / "random.bin", fs::copy_options::overwrite_existing);
+  Service s = Start(ModelsDir() + "/stories260K.bin", 2, o);
+  struct OpenAtEnd {
+    std::shared_ptr<Gate> g;
+    fs::path dir;
+    ~OpenAtEnd() {
+      {
+        std::lock_guard<std::mutex> lock(g->mu);
+        g->open = true;
+        g->cv.notify_all();
+      }
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } open_at_end{gate, slow.parent_path()};
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto v = s.client->UpdateWeights((slow / "random.bin").string(), 7, false, kTimeoutMs);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(v.ok()) << "acked version " << *v;
+  EXPECT_EQ(v.status().code(), ErrorCode::kTimeout) << v.status().ToString();
+  EXPECT_NE(v.status().message().find("weights_load_timeout_ms"), std::string::npos);
+  EXPECT_GE(secs, 2.4);
+  EXPECT_LT(secs, 10.0);
+  auto st = s.client->GetStatus(kTimeoutMs);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->replicas.size(), 2u);
+  for (const auto& r : st->replicas) {
+    EXPECT_TRUE(r.alive) << r.name << " missed heartbeats during the load";
+    EXPECT_EQ(r.weight_version, 0u);
+  }
+  EXPECT_EQ(st->weight_version, 0u);
+  // The stuck loaders finish now; what they loaded is dropped.
+  {
+    std::lock_guard<std::mutex> lock(gate->mu);
+    gate->open = true;
+    gate->cv.notify_all();
+  }
+  EXPECT_EQ(Matching(RunGroup(*s.client, 2), Reference()), 16);
+  EXPECT_EQ(LiveVersion(*s.client), 0u);
+  v = s.client->UpdateWeights(RandomModelPath(), 8, false, kTimeoutMs);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, 8u);
+  EXPECT_EQ(Matching(RunGroup(*s.client, 3), Reference()), 0);
 }
 
 // drain = true: the parts are staged while the running group keeps decoding on the old weights;

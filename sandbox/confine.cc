@@ -114,7 +114,8 @@ constexpr uint64_t kFsTruncate = 1ull << 14;  // ABI 3
 constexpr uint64_t kFsIoctlDev = 1ull << 15;  // ABI 5
 constexpr uint64_t kNetBindTcp = 1ull << 0;   // ABI 4
 constexpr uint64_t kNetConnectTcp = 1ull << 1;
-constexpr uint64_t kScopeSignal = 1ull << 1;  // ABI 6
+constexpr uint64_t kScopeAbstractUnix = 1ull << 0;  // ABI 6
+constexpr uint64_t kScopeSignal = 1ull << 1;
 
 struct RulesetAttr {
   uint64_t handled_access_fs;
@@ -151,19 +152,24 @@ std::string ExportSeccomp(const SeccompPolicy& policy, int fd) {
 std::string ApplyLandlock(const LandlockPolicy& policy) {
   long abi = syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
   if (abi < 1) return "unsupported";
+  if (!policy.handle_fs && abi < 6) return "";           // no scopes to apply
   uint64_t fs = (LANDLOCK_ACCESS_FS_MAKE_SYM << 1) - 1;  // ABI 1: bits 0..12
   if (abi >= 2) fs |= LANDLOCK_ACCESS_FS_REFER;
   if (abi >= 3) fs |= kFsTruncate;
   if (abi >= 5) fs |= kFsIoctlDev;
+  if (!policy.handle_fs) fs = 0;
   RulesetAttr attr{fs, 0, 0};
   size_t attr_size = sizeof(uint64_t);
   if (abi >= 4) {
     attr_size = 2 * sizeof(uint64_t);
-    if (policy.deny_tcp) attr.handled_access_net = kNetBindTcp | kNetConnectTcp;
+    if (policy.deny_tcp && policy.handle_fs) {
+      attr.handled_access_net = kNetBindTcp | kNetConnectTcp;
+    }
   }
   if (abi >= 6) {
     attr_size = sizeof(RulesetAttr);
-    if (policy.scope_signals) attr.scoped = kScopeSignal;
+    if (policy.scope_signals) attr.scoped |= kScopeSignal;
+    if (policy.scope_abstract_unix) attr.scoped |= kScopeAbstractUnix;
   }
   int ruleset = static_cast<int>(syscall(SYS_landlock_create_ruleset, &attr, attr_size, 0));
   if (ruleset < 0) return std::string("landlock_create_ruleset: ") + std::strerror(errno);

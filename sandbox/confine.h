@@ -30,6 +30,12 @@ struct LandlockPolicy {
   std::vector<std::string> read_write;  // full access beneath these (dirs or files)
   bool deny_tcp = true;                 // ABI >= 4: no TCP bind/connect
   bool scope_signals = true;            // ABI >= 6: no signals to processes outside the domain
+  // ABI >= 6: no connect/send to abstract unix sockets made outside the domain (the host's,
+  // reachable when the tool shares the host's network namespace).
+  bool scope_abstract_unix = true;
+  // false: handle no filesystem access (the lists must be empty) and no TCP, only the scopes:
+  // for a process that must still mount (bwrap). Nothing to do below ABI 6.
+  bool handle_fs = true;
 };
 
 // Restricts the calling process with Landlock. Paths that do not exist are skipped. Returns ""

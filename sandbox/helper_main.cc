@@ -6,7 +6,12 @@
 //     to the workdir, drops to an unprivileged uid/gid, applies Landlock and seccomp, and execs
 //     ARGV with exactly the --env variables. When the tool exits the helper kills whatever is
 //     left under the run's uid, reaps every orphan, and exits with the tool's exit status (or
-//     dies by the same signal).
+//     dies by the same signal). With --private-root the forked child is first the init (pid 1)
+//     of a new pid namespace, in new IPC and mount namespaces whose root is a read-only tmpfs
+//     holding only the --landlock-ro/-rw paths (bind mounts; symlinks copied), a fresh /proc
+//     and the workdir; it forks the tool, reaps in the namespace, and hands the tool's wait
+//     status to the helper over a pipe (pid 1 cannot die by its own signal). Its exit kills
+//     whatever is left in the namespace.
 //   bitroll-sandbox-helper park [--uid N --gid N --cgroup F --workdir DIR --netns] (pre-warmed)
 //     Does what does not depend on the request (closes inherited fds, new session, child
 //     subreaper, and with --netns a private network namespace for itself and so for the tool),
@@ -23,11 +28,14 @@
 //   --workdir DIR  --uid N  --gid N  --cgroup PROCS_FILE (repeatable)
 //   --cpu SECONDS  --as BYTES  --nproc N  --fsize BYTES  --nofile N
 //   --netns                 unshare(CLONE_NEWNET) (requires starting as root)
+//   --private-root          pid, IPC and mount namespaces with a minimal root (see exec)
 //   --seccomp none|exec|bwrap
 //                           exec: load the filter before exec; bwrap: write it to a memfd and
 //                           replace the argument "@SECCOMP_FD@" with the memfd's number
 //   --allow-sockets         do not refuse non-AF_UNIX sockets in the filter
 //   --landlock-ro PATH / --landlock-rw PATH (repeatable; Landlock is applied when any is given)
+//   --landlock-scope        (without the above) a Landlock domain with only its scopes (ABI 6:
+//                           no abstract unix sockets or signals out of the run), for bwrap
 //   --env KEY=VALUE (repeatable)   --keep-fd N (not closed; e.g. bwrap's --json-status-fd)
 //
 // Contract with the parent: fds 0-2 are the tool's stdio; fd 3 is a close-on-exec status pipe.
@@ -39,9 +47,11 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -107,7 +117,8 @@ void ReapAvailable() {
 // The helper's init loop: wait for the tool, then sweep what it left and reap everything.
 // Every process of the run is a descendant of the helper (a child subreaper: orphans come back
 // to it), so "no child but the sweeper" means nothing of the run is left.
-int Reap(pid_t child, long long uid) {
+// status_fd >= 0: the child is a pid namespace's init that writes the tool's wait status there.
+int Reap(pid_t child, long long uid, int status_fd) {
   int child_status = 0;
   for (;;) {
     int st;
@@ -118,6 +129,13 @@ int Reap(pid_t child, long long uid) {
       child_status = st;
       break;
     }
+  }
+  if (status_fd >= 0) {
+    int tool_status = 0;
+    if (read(status_fd, &tool_status, sizeof(tool_status)) == sizeof(tool_status)) {
+      child_status = tool_status;
+    }
+    close(status_fd);
   }
   ReapAvailable();
   if (!Children().empty() && uid > 0) {
@@ -135,7 +153,9 @@ int Reap(pid_t child, long long uid) {
       if (kids.empty() || (kids.size() == 1 && kids[0] == sweeper)) break;
       usleep(500);
     }
-    kill(sweeper, SIGKILL);
+    // Never kill(-1) as root: a failed fork (a dead pid namespace refuses new processes) leaves
+    // sweeper at -1.
+    if (sweeper > 0) kill(sweeper, SIGKILL);
   }
   // Reap the sweeper and every orphan until none is left.
   for (;;) {
@@ -175,7 +195,7 @@ struct Options {
   std::string workdir, seccomp_mode = "none";
   long long uid = -1, gid = -1, keep_fd = -1;
   long long cpu = -1, as = -1, nproc = -1, fsize = -1, nofile = 256;
-  bool netns = false, allow_sockets = false;
+  bool netns = false, allow_sockets = false, private_root = false, landlock_scope = false;
   std::vector<std::string> cgroups, env, ro, rw;
   std::vector<std::string> args;  // the command, after "--"
 };
@@ -194,6 +214,14 @@ void Parse(const std::vector<std::string>& v, size_t i, bool need_command, Optio
     }
     if (a == "--allow-sockets") {
       o->allow_sockets = true;
+      continue;
+    }
+    if (a == "--private-root") {
+      o->private_root = true;
+      continue;
+    }
+    if (a == "--landlock-scope") {
+      o->landlock_scope = true;
       continue;
     }
     if (i + 1 >= v.size()) Fail("missing value for " + a);
@@ -323,6 +351,162 @@ std::vector<std::string> AwaitRequest() {
   return args;
 }
 
+// mkdir -p of an absolute path (mode 0755).
+void MakeDirs(const std::string& path) {
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      std::string p = path.substr(0, i);
+      if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) Fail("mkdir " + p, errno);
+    }
+  }
+}
+
+// Makes the mount at `target` and every mount beneath it read-only and nosuid with one
+// mount_setattr. False where the kernel lacks it (before 5.12).
+bool MakeTreeReadOnly(const std::string& target) {
+  struct {
+    uint64_t attr_set, attr_clr, propagation, userns_fd;
+  } attr = {0x1 | 0x2, 0, 0, 0};  // MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID
+  if (syscall(SYS_mount_setattr, AT_FDCWD, target.c_str(), 0x8000 /* AT_RECURSIVE */, &attr,
+              sizeof(attr)) == 0) {
+    return true;
+  }
+  if (errno != ENOSYS) Fail("mount_setattr " + target, errno);
+  return false;
+}
+
+void RemountReadOnly(const std::string& target, unsigned long extra) {
+  if (mount(nullptr, target.c_str(), nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | extra,
+            nullptr) != 0) {
+    Fail("remount read-only " + target, errno);
+  }
+}
+
+// Makes the place of host path `src` under `root`: the folder or an empty file to mount on, or a
+// copy of a symlink. False when there is nothing to mount (missing, or a symlink).
+bool MakeMountPoint(const std::string& root, const std::string& src) {
+  struct stat st;
+  if (lstat(src.c_str(), &st) != 0) return false;
+  const std::string dst = root + src;
+  MakeDirs(dst.substr(0, dst.rfind('/')));
+  if (S_ISLNK(st.st_mode)) {
+    char target[4096];
+    ssize_t n = readlink(src.c_str(), target, sizeof(target) - 1);
+    if (n < 0) Fail("readlink " + src, errno);
+    target[n] = '\0';
+    if (symlink(target, dst.c_str()) != 0 && errno != EEXIST) Fail("symlink " + dst, errno);
+    return false;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    MakeDirs(dst);
+  } else {
+    int fd = open(dst.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) Fail("create " + dst, errno);
+    close(fd);
+  }
+  return true;
+}
+
+void Bind(const std::string& src, const std::string& dst) {
+  if (mount(src.c_str(), dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
+    Fail("bind " + src, errno);
+  }
+}
+
+// In the run's init, root, single-threaded, already pid 1 of a new pid namespace: new mount and
+// IPC namespaces whose root holds only what the tool may use, so that nothing else of the host
+// (pathname unix sockets included) can even be named. /proc is a fresh mount of the new pid
+// namespace (hiding other uids' processes); everything is read-only and nosuid but the workdir
+// and the --landlock-rw devices.
+void EnterPrivateRoot(const Options& o) {
+  if (o.workdir.empty() || o.workdir[0] != '/') Fail("--private-root needs an absolute --workdir");
+  if (unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0) Fail("unshare(CLONE_NEWNS | CLONE_NEWIPC)", errno);
+  // Nothing done here propagates back to the host (its mounts may be shared).
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+    Fail("make / private", errno);
+  // The new root is built on a tmpfs over /tmp (of this namespace only); the workdir, which may
+  // lie under /tmp, is reached through a descriptor opened before.
+  int wd = open(o.workdir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (wd < 0) Fail("open " + o.workdir, errno);
+  const std::string root = "/tmp";
+  if (mount("bitroll-root", root.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755") !=
+      0) {
+    Fail("mount the root tmpfs", errno);
+  }
+  // 1. Read-only binds, and every mount point needed later (the root turns read-only at 2).
+  std::vector<std::string> ro_targets;
+  for (const std::string& p : o.ro) {
+    if (p == "/proc" || !MakeMountPoint(root, p)) continue;
+    Bind(p, root + p);
+    ro_targets.push_back(root + p);
+  }
+  std::vector<std::string> rw;
+  for (const std::string& p : o.rw) {
+    if (p != o.workdir && MakeMountPoint(root, p)) rw.push_back(p);
+  }
+  MakeDirs(root + o.workdir);
+  MakeDirs(root + "/proc");
+  MakeDirs(root + "/dev");
+  for (const char* l : {"fd", "stdin", "stdout", "stderr"}) {
+    std::string target = std::string("/proc/self/fd") + (std::strcmp(l, "fd") == 0       ? ""
+                                                         : std::strcmp(l, "stdin") == 0  ? "/0"
+                                                         : std::strcmp(l, "stdout") == 0 ? "/1"
+                                                                                         : "/2");
+    if (symlink(target.c_str(), (root + "/dev/" + l).c_str()) != 0 && errno != EEXIST) {
+      Fail(std::string("symlink /dev/") + l, errno);
+    }
+  }
+  // 2. The root and the binds so far: read-only, nosuid (one call, or a remount each).
+  const bool tree_read_only = MakeTreeReadOnly(root);
+  if (!tree_read_only) {
+    for (const std::string& t : ro_targets) RemountReadOnly(t, MS_BIND);
+  }
+  // 3. What stays writable, and a /proc of the new pid namespace. hidepid=2: the tool sees only
+  // its own uid's processes, not this init (root, whose command line is the helper's: cgroups,
+  // workdir, limits).
+  for (const std::string& p : rw) Bind(p, root + p);
+  const std::string wd_path = "/proc/self/fd/" + std::to_string(wd);
+  if (mount(wd_path.c_str(), (root + o.workdir).c_str(), nullptr, MS_BIND, nullptr) != 0) {
+    Fail("bind the workdir", errno);
+  }
+  close(wd);
+  if (mount("proc", (root + "/proc").c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            "hidepid=2") != 0) {
+    Fail("mount /proc", errno);
+  }
+  // 4. Swap roots and drop the host's tree from this namespace.
+  if (chdir(root.c_str()) != 0) Fail("chdir new root", errno);
+  if (syscall(SYS_pivot_root, ".", ".") != 0) Fail("pivot_root", errno);
+  if (umount2(".", MNT_DETACH) != 0) Fail("detach the host root", errno);
+  if (chdir("/") != 0) Fail("chdir /", errno);
+  if (!tree_read_only) RemountReadOnly("/", MS_NODEV);
+}
+
+// The pid namespace's init: reaps until the tool exits, then hands its wait status to the
+// helper and exits (which kills whatever is left in the namespace).
+[[noreturn]] void RunNamespaceInit(pid_t tool, int status_fd, long long keep_fd) {
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (devnull >= 0) dup2(devnull, fd);
+  }
+  close(3);
+  if (keep_fd >= 0) close(static_cast<int>(keep_fd));
+  int tool_status = 0;
+  for (;;) {
+    int st;
+    pid_t p = waitpid(-1, &st, 0);
+    if (p < 0 && errno == EINTR) continue;
+    if (p < 0) break;
+    if (p == tool) {
+      tool_status = st;
+      break;
+    }
+  }
+  ssize_t ignored = write(status_fd, &tool_status, sizeof(tool_status));
+  (void)ignored;
+  _exit(0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -375,6 +559,11 @@ int main(int argc, char** argv) {
   // exited, and exits with the tool's status. Only the child joins the cgroups and drops
   // privileges, so a cgroup or uid sweep never hits the helper itself.
   const pid_t helper_pid = getpid();
+  int status_pipe[2] = {-1, -1};  // --private-root: the namespace init -> the helper
+  if (o.private_root) {
+    if (unshare(CLONE_NEWPID) != 0) Fail("unshare(CLONE_NEWPID)", errno);
+    if (pipe2(status_pipe, O_CLOEXEC) != 0) Fail("pipe2", errno);
+  }
   pid_t child = fork();
   if (child < 0) Fail("fork", errno);
   if (child > 0) {
@@ -382,19 +571,38 @@ int main(int argc, char** argv) {
     for (int fd = 0; fd <= 2; ++fd) dup2(devnull, fd);
     close(3);
     if (keep_fd >= 0) close(static_cast<int>(keep_fd));
-    return Reap(child, static_cast<long long>(uid));
+    if (status_pipe[1] >= 0) close(status_pipe[1]);
+    return Reap(child, static_cast<long long>(uid), status_pipe[0]);
   }
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-  if (getppid() != helper_pid) Fail("the helper died");
-  // 1. cgroups (before dropping privileges: the files belong to root).
-  std::string pid = std::to_string(getpid());
+  // Opened now: a private root has no /sys (only the tool joins them, below).
+  std::vector<int> cgroup_fds;
   for (const std::string& f : cgroups) {
     int fd = open(f.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) Fail("open " + f, errno);
-    if (write(fd, pid.data(), pid.size()) != static_cast<ssize_t>(pid.size())) {
-      Fail("join cgroup " + f, errno);
+    cgroup_fds.push_back(fd);
+  }
+  if (o.private_root) {
+    // pid 1 of the new namespace: its parent, the helper, is outside it (getppid() is 0, so
+    // the death check is left to PR_SET_PDEATHSIG; the service's sweep kills the tool anyway).
+    close(status_pipe[0]);
+    EnterPrivateRoot(o);
+    pid_t tool = fork();
+    if (tool < 0) Fail("fork", errno);
+    if (tool > 0) RunNamespaceInit(tool, status_pipe[1], keep_fd);
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != 1) Fail("the namespace init died");
+  } else if (getppid() != helper_pid) {
+    Fail("the helper died");
+  }
+  // 1. cgroups (before dropping privileges: the files belong to root). The pid is read in the
+  // writer's pid namespace.
+  std::string pid = std::to_string(getpid());
+  for (size_t i = 0; i < cgroups.size(); ++i) {
+    if (write(cgroup_fds[i], pid.data(), pid.size()) != static_cast<ssize_t>(pid.size())) {
+      Fail("join cgroup " + cgroups[i], errno);
     }
-    close(fd);
+    close(cgroup_fds[i]);
   }
   // 3. rlimits (hard limits too, so the tool cannot raise them back).
   if (nofile >= 0) SetLimit(RLIMIT_NOFILE, nofile, nofile, "nofile");
@@ -422,6 +630,11 @@ int main(int argc, char** argv) {
     lp.deny_tcp = !allow_sockets;
     std::string err = bitroll::sandbox::ApplyLandlock(lp);
     if (!err.empty()) Fail("landlock: " + err);
+  } else if (o.landlock_scope) {
+    bitroll::sandbox::LandlockPolicy lp;
+    lp.handle_fs = false;
+    std::string err = bitroll::sandbox::ApplyLandlock(lp);
+    if (!err.empty() && err != "unsupported") Fail("landlock: " + err);
   }
   // 7. seccomp: last, because it refuses calls the steps above make.
   bitroll::sandbox::SeccompPolicy sp;

@@ -513,8 +513,10 @@ std::vector<std::string> Sandbox::Impl::RequestArgs(const Request& req,
   if (l.allow_network) a.push_back("--allow-sockets");
   std::vector<std::string> env = {std::string("PATH=") + kToolPath, "LANG=C.UTF-8"};
   if (!container) {
-    // Process tier: Landlock keeps the tool to read-only system folders and its workdir.
-    a.insert(a.end(), {"--seccomp", "exec"});
+    // Process tier: new pid, IPC and mount namespaces with a minimal read-only root (the
+    // Landlock folders below, a fresh /proc, the workdir), and Landlock keeps the tool to
+    // read-only system folders and its workdir.
+    a.insert(a.end(), {"--private-root", "--seccomp", "exec"});
     for (const char* p : {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt", "/proc",
                           "/dev/urandom", "/dev/random"}) {
       a.insert(a.end(), {"--landlock-ro", p});
@@ -529,8 +531,10 @@ std::vector<std::string> Sandbox::Impl::RequestArgs(const Request& req,
     for (const std::string& e : env) a.insert(a.end(), {"--env", e});
     a.push_back("--");
   } else {
-    a.insert(a.end(), {"--seccomp", "bwrap", "--keep-fd", "4", "--env", env[0], "--", bwrap,
-                       "--unshare-all"});
+    // Landlock scopes bwrap and the tool: no abstract unix socket of the host even with the
+    // network on (--share-net), no signal out.
+    a.insert(a.end(), {"--landlock-scope", "--seccomp", "bwrap", "--keep-fd", "4", "--env", env[0],
+                       "--", bwrap, "--unshare-all"});
     if (l.allow_network) a.push_back("--share-net");
     a.insert(a.end(),
              {"--die-with-parent", "--cap-drop", "ALL", "--clearenv", "--new-session",

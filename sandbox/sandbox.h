@@ -9,17 +9,21 @@
 //   kFunction   registered in-process handler on a pre-warmed worker thread  trusted code:
 //               with a watchdog (or inline on the caller's thread)           graders, calculators
 //   kProcess    posix_spawn of bitroll-sandbox-helper, which forks the tool:  short scripts
-//               rlimits, private network namespace, new session,
-//               unprivileged per-run uid, Landlock (read-only system
-//               folders and an /etc allowlist, read-write workdir, no
-//               signals out), seccomp denylist, then exec
+//               rlimits, private network namespace, new session, new
+//               pid, IPC and mount namespaces whose root holds only the
+//               read-only system folders, the /etc allowlist, a fresh
+//               /proc (hidepid=2) and the workdir (so no host pathname
+//               socket can be named), unprivileged per-run uid, Landlock
+//               (the same folders; no signals or abstract unix sockets
+//               out), seccomp denylist, then exec
 //   kContainer  the helper's child drops to the per-run uid and execs        untrusted code
 //               bubblewrap: --unshare-all --die-with-parent --cap-drop ALL
 //               --clearenv --new-session, read-only /usr (+ /bin, /lib
 //               links), an /etc allowlist, fresh /proc and /dev, a tmpfs
 //               /tmp, seccomp via --seccomp. The workdir /work is a bind of
 //               the run's private host folder, so output files can be
-//               collected after the container is gone.
+//               collected after the container is gone. Landlock scopes
+//               bwrap (no abstract unix sockets or signals out).
 //   kVm         QEMU microvm (TCG unless a real KVM probe boot succeeds),     strongest isolation
 //               Debian kernel + busybox initramfs from scripts/vm-image.sh;
 //               the task travels as a cpio archive appended to the

@@ -91,11 +91,19 @@ TEST(SandboxPool, ConsecutiveRunsGetDistinctUidsAndOneHelperEach) {
   constexpr int kRuns = 6;
   for (int i = 0; i < kRuns; ++i) {
     ASSERT_TRUE(AwaitParked(sb, Tier::kProcess, 2));
-    // $PPID of the tool is its helper (the run's init).
-    RunResult res = sb.Run(Cmd(Tier::kProcess, {"sh", "-c", "id -u; echo $PPID"}));
+    const std::vector<int> parked = ParkedHelperPids(2);
+    ASSERT_EQ(parked.size(), 2u);
+    // The tool runs in a pid namespace of its own (its $PPID is the namespace's init): its
+    // helper is the parked one that is gone (ended and reaped) after the run.
+    RunResult res = sb.Run(Cmd(Tier::kProcess, {"sh", "-c", "id -u"}));
     ASSERT_EQ(res.error, SandboxError::kNone) << res.status.ToString() << res.stderr_data;
     unsigned long uid = std::strtoul(res.stdout_data.c_str(), nullptr, 10);
-    int helper = std::atoi(res.stdout_data.substr(res.stdout_data.find('\n') + 1).c_str());
+    int helper = 0;
+    for (int p : parked) {
+      if (ProcessExists(p) && std::atoi(ProcField(p, "PPid").c_str()) == getpid()) continue;
+      EXPECT_EQ(helper, 0) << "two parked helpers ended for one run";
+      helper = p;
+    }
     EXPECT_GE(uid, sb.options().uid_base);
     EXPECT_LT(uid, sb.options().uid_base + sb.options().max_concurrent);
     if (i > 0) {

@@ -59,6 +59,8 @@ const char* SandboxErrorName(SandboxError error) {
       return "invalid_argument";
     case SandboxError::kInternal:
       return "internal";
+    case SandboxError::kDiskLimit:
+      return "disk_limit";
   }
   return "unknown";
 }
@@ -84,6 +86,7 @@ Status ToStatus(SandboxError e, const std::string& msg) {
     case SandboxError::kMemory:
     case SandboxError::kOutputLimit:
     case SandboxError::kProcessLimit:
+    case SandboxError::kDiskLimit:
       return Status::ResourceExhausted(msg);
     case SandboxError::kSpawnFailure:
       return Status::IoError(msg);
@@ -95,6 +98,12 @@ Status ToStatus(SandboxError e, const std::string& msg) {
       return Status::Internal(msg);
   }
   return Status::Internal(msg);
+}
+
+uint64_t InputBytes(const Request& req) {
+  uint64_t n = 0;
+  for (const auto& [name, data] : req.files) n += data.size() + 4096;  // a block at least
+  return n;
 }
 
 bool IsExecutable(const std::string& p) {
@@ -328,6 +337,12 @@ RunResult Sandbox::Run(const Request& request) {
              "limits out of range (wall, cpu in (0, 86400] s; memory >= 1 MiB; processes >= 1)");
   } else if (request.tier != Tier::kFunction && request.argv.empty()) {
     SetError(&r, SandboxError::kInvalidArgument, "argv is empty");
+  } else if ((request.tier == Tier::kProcess || request.tier == Tier::kContainer) &&
+             impl_->opt.work_disk_bytes > 0 && InputBytes(request) > impl_->opt.work_disk_bytes) {
+    SetError(&r, SandboxError::kInvalidArgument,
+             "input files take " + std::to_string(InputBytes(request)) +
+                 " bytes, over the workdir's " + std::to_string(impl_->opt.work_disk_bytes) +
+                 " (SandboxOptions::work_disk_bytes)");
   } else if (Status avail = TierAvailable(request.tier); !avail.ok()) {
     SetError(&r, SandboxError::kUnavailable, avail.message());
   } else {
@@ -596,7 +611,7 @@ bool Sandbox::Impl::RunCommandOnce(const Request& req, RunResult* r) {
     cold.slot = AcquireSlot();
     cold.release = [this](uint32_t s) { ReleaseSlot(s); };
     cold.uid = opt.uid_base + cold.slot;
-    auto wd = Workdir::Create(work_root, cold.uid, cold.uid, req.files);
+    auto wd = Workdir::Create(work_root, cold.uid, cold.uid, req.files, opt.work_disk_bytes);
     if (!wd.ok()) {
       SetError(r, SandboxError::kInternal, wd.status().message());
       return true;
@@ -658,6 +673,11 @@ bool Sandbox::Impl::RunCommandOnce(const Request& req, RunResult* r) {
     }
   }
   Classify(o, cgroup, req, r);
+  if (r->error == SandboxError::kNone && rs.wd->Full()) {
+    SetError(r, SandboxError::kDiskLimit,
+             "the workdir is full: the run's files reached " + std::to_string(opt.work_disk_bytes) +
+                 " bytes (or their inode count)");
+  }
   r->files = rs.wd->Collect(req.output_files, l.max_file_bytes);
   return true;
 }

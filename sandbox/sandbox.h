@@ -47,8 +47,9 @@
 //
 // Requires root (the helper switches to the per-run uids and joins cgroups); otherwise the
 // command tiers report kUnavailable. Disk use of the workdir is capped per file
-// (Limits::max_file_bytes), not in total: point SandboxOptions::work_root at a size-limited
-// tmpfs to cap it.
+// (Limits::max_file_bytes) and in total (SandboxOptions::work_disk_bytes: the workdir is a tmpfs
+// of that size). Whatever a run leaves in its workdir (a tree of any depth included) is gone
+// when Run() returns, without costing the service more than a few descriptors.
 //
 // Thread-safety: Sandbox is thread-safe. Register() and Run() may be called concurrently from
 // any thread. Concurrent process/container runs each get their own uid from
@@ -83,6 +84,7 @@ enum class SandboxError : uint8_t {
   kUnavailable = 7,      // the tier cannot run here (no bwrap, no VM image, no qemu, no helper)
   kInvalidArgument = 8,  // malformed request (empty argv, bad file name, unknown function)
   kInternal = 9,         // a bug or an unexpected OS failure; the status says where
+  kDiskLimit = 10,  // the workdir was full (SandboxOptions::work_disk_bytes) when the run ended
 };
 const char* SandboxErrorName(SandboxError error);
 
@@ -197,6 +199,14 @@ struct SandboxOptions {
   // Folder under which each run gets a private workdir (mode 0700, owned by the run's uid).
   // Empty: std::filesystem::temp_directory_path().
   std::string work_root;
+  // Total bytes a process or container run may keep in its workdir (all files together; each
+  // file is further capped by Limits::max_file_bytes). The workdir is a tmpfs of this size (and
+  // one inode per 4 KiB, at least 1024) that the service mounts on the folder under work_root:
+  // a write past it fails with ENOSPC, and a run whose workdir is full when it ends reports
+  // kDiskLimit. tmpfs lives in RAM (and swap): its pages are charged to the run's memory cgroup
+  // where there is one. 0: no total cap, a plain folder (per-file cap only); for machines that
+  // refuse the mount. `bitroll serve --tool-disk-bytes N`.
+  uint64_t work_disk_bytes = 256ull << 20;
   // Unprivileged uid/gid range for runs: run slot i uses uid_base + i (gid the same). The range
   // must be unused by other software on the machine, and two Sandbox objects alive at once (in
   // one process or several) need disjoint ranges: a run's kill sweep covers its whole uid.

@@ -139,7 +139,7 @@ std::unique_ptr<Parked> Sandbox::Impl::MakeParked(int t, uint32_t slot) {
   p->rs.release = [this](uint32_t s) { ReleaseSlot(s); };
   p->rs.slot = slot;
   p->rs.uid = opt.uid_base + slot;
-  auto wd = Workdir::Create(work_root, p->rs.uid, p->rs.uid, {});
+  auto wd = Workdir::Create(work_root, p->rs.uid, p->rs.uid, {}, opt.work_disk_bytes);
   if (!wd.ok()) return nullptr;
   p->rs.wd = std::move(wd).value();
   if (cg.version > 0) {

@@ -1,5 +1,6 @@
-// Internal to sandbox/: a run's private workdir on the host: create it for a uid, place the
-// request's files, collect output files without following links, remove it.
+// Internal to sandbox/: a run's private workdir on the host: create it for a uid (a size-capped
+// tmpfs, or a plain folder), place the request's files, collect output files without following
+// links, remove it (whatever its depth).
 //
 // Thread-safety: a Workdir is owned by one run.
 #pragma once
@@ -21,18 +22,30 @@ bool ValidFileName(const std::string& name);
 // Checks every name in files and output_files.
 Status ValidateFileNames(const Request& request);
 
+// Removes `path` and everything beneath it, never following links, holding at most three
+// descriptors whatever the depth (it walks down with openat and back up with "..", checking
+// each parent's identity). REQUIRES: nothing else changes the tree meanwhile (every process of
+// the run is dead). Errors: kIoError naming what could not be removed.
+Status RemoveTree(const std::string& path);
+
 class Workdir {
  public:
   // Creates <root>/bitroll-sb-<pid>-<seq> (mode 0700) owned by uid:gid and writes `files`
-  // into it (owned by uid:gid too).
+  // into it (owned by uid:gid too). disk_bytes > 0: the folder is a tmpfs of that size (and
+  // one inode per 4 KiB, at least 1024) mounted in the caller's mount namespace (needs
+  // CAP_SYS_ADMIN); 0: a plain folder. Errors: kIoError (mkdir, mount, writing the files).
   static Result<std::unique_ptr<Workdir>> Create(const std::string& root, uint32_t uid,
                                                  uint32_t gid,
-                                                 const std::map<std::string, std::string>& files);
+                                                 const std::map<std::string, std::string>& files,
+                                                 uint64_t disk_bytes = 0);
   // Writes `files` into the folder, owned by uid:gid (for a workdir made before its request).
   Status AddFiles(const std::map<std::string, std::string>& files, uint32_t uid, uint32_t gid);
-  // Removes the folder and everything in it (links are removed, never followed).
+  // Unmounts the tmpfs (lazily) or removes the folder and everything in it with RemoveTree
+  // (links are removed, never followed).
   ~Workdir();
   const std::string& path() const { return path_; }
+  // True when the workdir is a tmpfs with no free block or inode left (the run filled it).
+  bool Full() const;
   // Reads each named regular file (O_NOFOLLOW; symlinks, fifos and folders are skipped), keeping
   // at most max_bytes of each and marking bigger ones truncated.
   std::map<std::string, OutputFile> Collect(const std::vector<std::string>& names,
@@ -41,6 +54,7 @@ class Workdir {
  private:
   Workdir() = default;
   std::string path_;
+  bool mounted_ = false;
 };
 
 }  // namespace bitroll::sandbox

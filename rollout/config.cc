@@ -61,13 +61,28 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument("config is not a JSON object");
   }
-  BR_RETURN_IF_ERROR(
-      CheckKeys(j,
-                {"bind", "replica_bind", "replicas", "engine", "model", "tokenizer", "threads",
-                 "device", "kv_cache_bytes", "max_queued", "replica_timeout_ms",
-                 "stream_timeout_ms", "replica_capacity", "weights_load_timeout_ms",
-                 "max_message_bytes", "limits", "price", "null_engine", "log_level"},
-                "the top level"));
+  BR_RETURN_IF_ERROR(CheckKeys(j,
+                               {"bind",
+                                "replica_bind",
+                                "replicas",
+                                "engine",
+                                "model",
+                                "tokenizer",
+                                "threads",
+                                "device",
+                                "kv_cache_bytes",
+                                "max_queued",
+                                "replica_timeout_ms",
+                                "stream_timeout_ms",
+                                "replica_capacity",
+                                "weights_load_timeout_ms",
+                                "max_message_bytes",
+                                "limits",
+                                "price",
+                                "null_engine",
+                                "log_level",
+                                "tools"},
+                               "the top level"));
   auto& co = c->coordinator;
   BR_RETURN_IF_ERROR(Get(j, "bind", &co.bind));
   BR_RETURN_IF_ERROR(Get(j, "replica_bind", &co.replica_bind));
@@ -96,6 +111,11 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
     BR_RETURN_IF_ERROR(Get(*it, "max_tokens", &co.submit.max_tokens));
     BR_RETURN_IF_ERROR(Get(*it, "max_turns", &co.submit.max_turns));
     BR_RETURN_IF_ERROR(Get(*it, "max_prompt_tokens", &co.submit.max_prompt_tokens));
+  }
+  if (auto it = j.find("tools"); it != j.end()) {
+    BR_RETURN_IF_ERROR(CheckKeys(*it, {"work_root", "disk_bytes"}, "tools"));
+    BR_RETURN_IF_ERROR(Get(*it, "work_root", &co.tools.sandbox.work_root));
+    BR_RETURN_IF_ERROR(Get(*it, "disk_bytes", &co.tools.sandbox.work_disk_bytes));
   }
   if (auto it = j.find("price"); it != j.end()) {
     BR_RETURN_IF_ERROR(CheckKeys(*it, {"replica_hour_usd", "sandbox_cpu_hour_usd"}, "price"));
@@ -196,6 +216,10 @@ Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
           ParseNumber("--tool-append-delay-ms", v, &co.tools.functions.append_delay_ms));
     } else if (flag == "--tool-uid-base") {
       BR_RETURN_IF_ERROR(ParseNumber("--tool-uid-base", v, &co.tools.sandbox.uid_base));
+    } else if (flag == "--tool-work-root") {
+      co.tools.sandbox.work_root = v;
+    } else if (flag == "--tool-disk-bytes") {
+      BR_RETURN_IF_ERROR(ParseNumber("--tool-disk-bytes", v, &co.tools.sandbox.work_disk_bytes));
     } else if (flag == "--tool-max-concurrent") {
       BR_RETURN_IF_ERROR(ParseNumber("--tool-max-concurrent", v, &co.tools.sandbox.max_concurrent));
     } else if (flag == "--price-sandbox-cpu-hour") {

@@ -39,7 +39,9 @@ Status LoadConfigFile(const std::string& path, ServeConfig* config);
 // --null-vocab N, --log-level L, --data-dir DIR (the WAL; resume after a crash),
 // --durability sync|window|none, --wal-commit-ms N, --wal-sync-window-ms N, and the tool loop's
 // --tool-workers N (8), --tool-append-file PATH, --tool-append-delay-ms N, --tool-uid-base UID
-// (62000), --tool-max-concurrent N (16), --price-sandbox-cpu-hour X. Errors:
+// (62000), --tool-max-concurrent N (16), --tool-work-root DIR (the sandbox's work root; default
+// the temp folder), --tool-disk-bytes N (total workdir bytes per process/container run, 256 MiB;
+// 0: no total cap), --price-sandbox-cpu-hour X. Errors:
 // kInvalidArgument (unknown flag, missing or bad value).
 Status ApplyFlags(int argc, char** argv, int first, ServeConfig* config);
 

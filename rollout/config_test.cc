@@ -66,6 +66,24 @@ TEST(ConfigTest, FlagsOverrideTheFile) {
   std::remove(path.c_str());
 }
 
+TEST(ConfigTest, ToolWorkRootAndDiskCap) {
+  ServeConfig c;
+  EXPECT_EQ(c.coordinator.tools.sandbox.work_disk_bytes, 256ull << 20);  // the default
+  ASSERT_TRUE(
+      ParseConfigJson(R"({"tools": {"work_root": "/srv/bitroll-work", "disk_bytes": 1048576}})", &c)
+          .ok());
+  EXPECT_EQ(c.coordinator.tools.sandbox.work_root, "/srv/bitroll-work");
+  EXPECT_EQ(c.coordinator.tools.sandbox.work_disk_bytes, 1048576u);
+  EXPECT_EQ(ParseConfigJson(R"({"tools": {"disk": 1}})", &c).message(),
+            "unknown config key 'disk' in tools");
+  ASSERT_TRUE(
+      Flags({"serve", "--tool-work-root", "/var/tmp/w", "--tool-disk-bytes", "0"}, &c).ok());
+  EXPECT_EQ(c.coordinator.tools.sandbox.work_root, "/var/tmp/w");
+  EXPECT_EQ(c.coordinator.tools.sandbox.work_disk_bytes, 0u);
+  EXPECT_EQ(Flags({"serve", "--tool-disk-bytes", "-5"}, &c).message(),
+            "--tool-disk-bytes: not an integer: -5");
+}
+
 TEST(ConfigTest, BadFlags) {
   ServeConfig c;
   Status s = Flags({"serve", "--replicas", "x"}, &c);

@@ -25,6 +25,7 @@ void PrintHelp(FILE* out) {
       "              [--wal-commit-ms N] [--wal-sync-window-ms N]\n"
       "              tools: [--tool-workers N] [--tool-max-concurrent N] [--tool-uid-base UID]\n"
       "              [--tool-append-file PATH] [--price-sandbox-cpu-hour USD]\n"
+      "              [--tool-work-root DIR] [--tool-disk-bytes N]\n"
       "  replica     run one engine replica for a remote coordinator\n"
       "              --connect tcp://HOST:PORT --model PATH [--name S] [--engine auto|null]\n"
       "              [--device cpu|cuda] [--threads N]\n"

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <random>
 
 #include "engine/weight_update.h"
 
@@ -58,10 +60,24 @@ TrajectoryResult FromWire(const wire::Trajectory& t) {
   return r;
 }
 
+// 128 random bits as 32 hex digits.
+std::string RandomClientId() {
+  std::random_device rd;
+  std::string id;
+  for (int i = 0; i < 4; ++i) {
+    char buf[9];
+    std::snprintf(buf, sizeof(buf), "%08x", static_cast<uint32_t>(rd()));
+    id += buf;
+  }
+  return id;
+}
+
 }  // namespace
 
 Client::Client(const ClientOptions& options)
-    : options_(options), ctx_(1), sock_(ctx_, zmq::socket_type::dealer) {}
+    : options_(options), ctx_(1), sock_(ctx_, zmq::socket_type::dealer) {
+  if (options_.client_id.empty()) options_.client_id = RandomClientId();
+}
 
 Client::~Client() = default;
 
@@ -86,7 +102,7 @@ Status Client::SendRaw(std::string_view bytes) {
   return Status::Ok();
 }
 
-std::string EncodeSubmit(const SubmitRequest& q, uint64_t request_id) {
+std::string EncodeSubmit(const SubmitRequest& q, uint64_t request_id, std::string_view client_id) {
   flatbuffers::FlatBufferBuilder fbb(1024);
   std::vector<flatbuffers::Offset<wire::Prompt>> prompts;
   for (const auto& p : q.prompts) prompts.push_back(wire::CreatePrompt(fbb, fbb.CreateVector(p)));
@@ -115,7 +131,7 @@ std::string EncodeSubmit(const SubmitRequest& q, uint64_t request_id) {
                                       q.max_turns, stop_ids, stop_strings, q.stop_at_eos, tv,
                                       q.priority, tag, q.stream_tokens, open, close, q.tool_open_id,
                                       q.tool_close_id, tmpl);
-  FinishEnvelope(fbb, request_id, wire::Message_SubmitRollouts, m.Union());
+  FinishEnvelope(fbb, request_id, wire::Message_SubmitRollouts, m.Union(), client_id);
   return std::string(BufferView(fbb));
 }
 
@@ -123,7 +139,7 @@ Status Client::Submit(const SubmitRequest& q) {
   if (q.prompts.empty() == q.text_prompts.empty()) {
     return Status::InvalidArgument("set exactly one of prompts and text_prompts");
   }
-  return SendRaw(EncodeSubmit(q, next_request_id_++));
+  return SendRaw(EncodeSubmit(q, next_request_id_++, options_.client_id));
 }
 
 Result<Event> Client::Receive(int timeout_ms) {
@@ -252,7 +268,7 @@ Result<std::vector<TrajectoryResult>> Client::Run(const SubmitRequest& request, 
 Status Client::Abort(uint64_t group_id) {
   flatbuffers::FlatBufferBuilder fbb(64);
   auto m = wire::CreateAbort(fbb, group_id);
-  FinishEnvelope(fbb, next_request_id_++, wire::Message_Abort, m.Union());
+  FinishEnvelope(fbb, next_request_id_++, wire::Message_Abort, m.Union(), options_.client_id);
   return SendRaw(BufferView(fbb));
 }
 
@@ -261,7 +277,7 @@ Result<uint64_t> Client::UpdateWeights(const std::string& path, uint64_t version
   flatbuffers::FlatBufferBuilder fbb(256);
   auto m = wire::CreateUpdateWeights(fbb, fbb.CreateString(path), version, drain);
   const uint64_t rid = next_request_id_++;
-  FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union());
+  FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union(), options_.client_id);
   BR_RETURN_IF_ERROR(SendRaw(BufferView(fbb)));
   return WaitUpdateReply(rid, timeout_ms);
 }
@@ -311,7 +327,8 @@ Result<uint64_t> Client::UpdateWeightsStreamed(std::span<const WeightTensor> ten
   auto abort_stream = [&](Status s) -> Status {
     flatbuffers::FlatBufferBuilder fbb(128);
     auto m = wire::CreateUpdateWeights(fbb, 0, version, false, 0, false, false, 0, true);
-    FinishEnvelope(fbb, next_request_id_++, wire::Message_UpdateWeights, m.Union());
+    FinishEnvelope(fbb, next_request_id_++, wire::Message_UpdateWeights, m.Union(),
+                   options_.client_id);
     (void)SendRaw(BufferView(fbb));  // best effort; the coordinator also times streams out
     return s;
   };
@@ -338,7 +355,7 @@ Result<uint64_t> Client::UpdateWeightsStreamed(std::span<const WeightTensor> ten
     auto m = wire::CreateUpdateWeights(fbb, 0, version, last && drain, fbb.CreateVector(frames),
                                        /*more=*/!last, full, 0, false, part++);
     const uint64_t rid = next_request_id_++;
-    FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union());
+    FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union(), options_.client_id);
     Status sent = SendRaw(BufferView(fbb));
     if (!sent.ok()) return abort_stream(sent);
     Result<uint64_t> live = WaitUpdateReply(rid, timeout_ms);
@@ -364,7 +381,7 @@ Result<uint64_t> Client::BeginUpdateWeightsNccl(const std::array<uint8_t, 128>& 
   auto nccl = wire::CreateNcclWeights(fbb, id, world_size, 0, fbb.CreateVector(frames));
   auto m = wire::CreateUpdateWeights(fbb, 0, version, drain, 0, false, false, nccl);
   const uint64_t rid = next_request_id_++;
-  FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union());
+  FinishEnvelope(fbb, rid, wire::Message_UpdateWeights, m.Union(), options_.client_id);
   BR_RETURN_IF_ERROR(SendRaw(BufferView(fbb)));
   return rid;
 }
@@ -380,7 +397,7 @@ Status Client::Drain(bool resume, int timeout_ms) {
   flatbuffers::FlatBufferBuilder fbb(64);
   auto m = wire::CreateDrain(fbb, resume);
   const uint64_t rid = next_request_id_++;
-  FinishEnvelope(fbb, rid, wire::Message_Drain, m.Union());
+  FinishEnvelope(fbb, rid, wire::Message_Drain, m.Union(), options_.client_id);
   BR_RETURN_IF_ERROR(SendRaw(BufferView(fbb)));
   BR_ASSIGN_OR_RETURN(Event e, WaitReply(rid, timeout_ms));
   (void)e;
@@ -391,7 +408,7 @@ Result<StatusInfo> Client::GetStatus(int timeout_ms) {
   flatbuffers::FlatBufferBuilder fbb(64);
   auto m = wire::CreateStatus(fbb);
   const uint64_t rid = next_request_id_++;
-  FinishEnvelope(fbb, rid, wire::Message_Status, m.Union());
+  FinishEnvelope(fbb, rid, wire::Message_Status, m.Union(), options_.client_id);
   BR_RETURN_IF_ERROR(SendRaw(BufferView(fbb)));
   BR_ASSIGN_OR_RETURN(Event e, WaitReply(rid, timeout_ms));
   const auto* env = wire::GetEnvelope(e.reply.data());
@@ -424,7 +441,7 @@ Status Client::Ack(uint64_t group_id, const std::vector<std::pair<uint32_t, uint
   }
   flatbuffers::FlatBufferBuilder fbb(128);
   auto m = wire::CreateAck(fbb, group_id, fbb.CreateVector(p), fbb.CreateVector(s), 0);
-  FinishEnvelope(fbb, next_request_id_++, wire::Message_Ack, m.Union());
+  FinishEnvelope(fbb, next_request_id_++, wire::Message_Ack, m.Union(), options_.client_id);
   return SendRaw(BufferView(fbb));
 }
 

@@ -27,6 +27,10 @@ namespace bitroll::rollout {
 
 struct ClientOptions {
   std::string endpoint = "tcp://127.0.0.1:5555";
+  // Owner of this client's groups (Envelope.client_id, docs/protocol.md "Owners"): only a client
+  // with the same id can re-attach to, acknowledge or abort them. Empty: a random 128-bit id,
+  // fixed for the Client's life (Client::client_id()); keep it to re-attach from a new process.
+  std::string client_id;
   DecodeLimits decode;  // applied to replies
 };
 
@@ -158,7 +162,8 @@ struct Event {
 };
 
 // The SubmitRollouts envelope for `request` (no client-side checks: tests send bad ones).
-std::string EncodeSubmit(const SubmitRequest& request, uint64_t request_id);
+std::string EncodeSubmit(const SubmitRequest& request, uint64_t request_id,
+                         std::string_view client_id = {});
 
 // One tensor of a weight update. `data`: host memory for UpdateWeightsStreamed, a device
 // pointer for an NCCL broadcast, unused in an NCCL manifest.
@@ -220,6 +225,8 @@ class Client {
 
   // Sends arbitrary bytes as one message (tests: malformed input).
   Status SendRaw(std::string_view bytes);
+
+  const std::string& client_id() const { return options_.client_id; }
 
  private:
   explicit Client(const ClientOptions& options);

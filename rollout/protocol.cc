@@ -283,8 +283,9 @@ flatbuffers::Offset<wire::Cost> BuildCost(flatbuffers::FlatBufferBuilder& fbb, c
 }
 
 void FinishEnvelope(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id, wire::Message type,
-                    flatbuffers::Offset<void> msg) {
-  auto env = wire::CreateEnvelope(fbb, kProtocolVersion, request_id, type, msg);
+                    flatbuffers::Offset<void> msg, std::string_view client_id) {
+  auto id = client_id.empty() ? 0 : fbb.CreateString(client_id.data(), client_id.size());
+  auto env = wire::CreateEnvelope(fbb, kProtocolVersion, request_id, type, msg, id);
   wire::FinishEnvelopeBuffer(fbb, env);
 }
 

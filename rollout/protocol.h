@@ -95,8 +95,9 @@ CostInfo CostFromWire(const wire::Cost* c);  // zeros when null
 flatbuffers::Offset<wire::Cost> BuildCost(flatbuffers::FlatBufferBuilder& fbb, const CostInfo& c);
 
 // Finishes `fbb` as an Envelope holding `msg` of `type` with the current protocol version.
+// client_id: the owner of the groups the message names (clients only; docs/protocol.md "Owners").
 void FinishEnvelope(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id, wire::Message type,
-                    flatbuffers::Offset<void> msg);
+                    flatbuffers::Offset<void> msg, std::string_view client_id = {});
 
 // A complete encoded Error envelope.
 std::string EncodeError(uint64_t request_id, const Status& status, uint64_t group_id = 0);

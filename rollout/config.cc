@@ -74,6 +74,8 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
                                 "max_queued",
                                 "replica_timeout_ms",
                                 "stream_timeout_ms",
+                                "max_client_buffer_bytes",
+                                "retention",
                                 "replica_capacity",
                                 "weights_load_timeout_ms",
                                 "max_message_bytes",
@@ -96,6 +98,12 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   BR_RETURN_IF_ERROR(Get(j, "max_queued", &co.max_queued));
   BR_RETURN_IF_ERROR(Get(j, "replica_timeout_ms", &co.replica_timeout_ms));
   BR_RETURN_IF_ERROR(Get(j, "stream_timeout_ms", &co.stream_timeout_ms));
+  BR_RETURN_IF_ERROR(Get(j, "max_client_buffer_bytes", &co.max_client_buffer_bytes));
+  if (auto it = j.find("retention"); it != j.end()) {
+    BR_RETURN_IF_ERROR(CheckKeys(*it, {"max_age_s", "max_groups"}, "retention"));
+    BR_RETURN_IF_ERROR(Get(*it, "max_age_s", &co.retention.max_age_s));
+    BR_RETURN_IF_ERROR(Get(*it, "max_groups", &co.retention.max_groups));
+  }
   BR_RETURN_IF_ERROR(Get(j, "replica_capacity", &co.local_replica.capacity));
   BR_RETURN_IF_ERROR(Get(j, "weights_load_timeout_ms", &co.local_replica.weights_load_timeout_ms));
   BR_RETURN_IF_ERROR(Get(j, "max_message_bytes", &co.decode.max_message_bytes));
@@ -184,6 +192,12 @@ Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
           ParseNumber("--weights-load-timeout-ms", v, &co.local_replica.weights_load_timeout_ms));
     } else if (flag == "--stream-timeout-ms") {
       BR_RETURN_IF_ERROR(ParseNumber("--stream-timeout-ms", v, &co.stream_timeout_ms));
+    } else if (flag == "--max-client-buffer-bytes") {
+      BR_RETURN_IF_ERROR(ParseNumber("--max-client-buffer-bytes", v, &co.max_client_buffer_bytes));
+    } else if (flag == "--retention-max-age-s") {
+      BR_RETURN_IF_ERROR(ParseNumber("--retention-max-age-s", v, &co.retention.max_age_s));
+    } else if (flag == "--retention-max-groups") {
+      BR_RETURN_IF_ERROR(ParseNumber("--retention-max-groups", v, &co.retention.max_groups));
     } else if (flag == "--price-replica-hour") {
       BR_RETURN_IF_ERROR(ParseNumber("--price-replica-hour", v, &co.price.replica_hour_usd));
     } else if (flag == "--null-delay-us") {

@@ -4,8 +4,9 @@
 namespace bitroll::rollout {
 
 void Coordinator::State::SendClient(const std::string& client, std::string_view bytes) {
-  if (!outbox.empty()) {
-    outbox.emplace_back(client, std::string(bytes));
+  if (slow_clients.count(client) != 0) return;  // dropped as a slow reader
+  if (auto it = outboxes.find(client); it != outboxes.end()) {
+    Queue(client, bytes);  // keeps this client's order
     return;
   }
   TrySend(client, bytes);
@@ -14,7 +15,7 @@ void Coordinator::State::SendClient(const std::string& client, std::string_view 
 bool Coordinator::State::TrySend(const std::string& client, std::string_view bytes) {
   try {
     if (!front.send(zmq::buffer(client), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-      outbox.emplace_back(client, std::string(bytes));
+      Queue(client, bytes);
       return false;
     }
     front.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none);
@@ -28,20 +29,54 @@ bool Coordinator::State::TrySend(const std::string& client, std::string_view byt
   return true;
 }
 
+void Coordinator::State::Queue(const std::string& client, std::string_view bytes) {
+  Outbox& ob = outboxes[client];
+  ob.msgs.emplace_back(bytes);
+  ob.bytes += bytes.size();
+  if (ob.bytes > options.max_client_buffer_bytes) {
+    spdlog::warn(
+        "coordinator: dropping a client that does not read: {} replies ({} bytes) unread, limit "
+        "{} bytes; its groups are {}",
+        ob.msgs.size(), ob.bytes, options.max_client_buffer_bytes,
+        wal ? "detached (re-attach to get them)" : "aborted");
+    outboxes.erase(client);
+    slow_clients.insert(client);
+  }
+}
+
+size_t Coordinator::State::Pending(const std::string& client) const {
+  auto it = outboxes.find(client);
+  return it == outboxes.end() ? 0 : it->second.bytes;
+}
+
 void Coordinator::State::FlushOutbox() {
-  while (!outbox.empty()) {
-    auto [client, bytes] = std::move(outbox.front());
-    outbox.pop_front();
-    try {
-      if (!front.send(zmq::buffer(client), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        outbox.emplace_front(std::move(client), std::move(bytes));
-        return;
+  for (auto it = outboxes.begin(); it != outboxes.end();) {
+    const std::string& client = it->first;
+    Outbox& ob = it->second;
+    bool blocked = false;
+    while (!ob.msgs.empty() && !blocked) {
+      try {
+        if (!front.send(zmq::buffer(client),
+                        zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+          blocked = true;
+          break;
+        }
+        front.send(zmq::buffer(ob.msgs.front()), zmq::send_flags::none);
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EHOSTUNREACH) gone_clients.insert(client);
+        ob.msgs.clear();
+        break;
       }
-      front.send(zmq::buffer(bytes), zmq::send_flags::none);
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EHOSTUNREACH) gone_clients.insert(client);
+      ob.bytes -= ob.msgs.front().size();
+      ob.msgs.pop_front();
+    }
+    if (ob.msgs.empty()) {
+      it = outboxes.erase(it);
+    } else {
+      ++it;
     }
   }
+  PumpRedelivery();
 }
 
 void Coordinator::State::SendError(const std::string& client, uint64_t request_id, const Status& s,
@@ -66,11 +101,26 @@ void Coordinator::State::OnClient(const std::string& client, const zmq::message_
     return;
   }
   const wire::Envelope* e = *env;
+  if (dropped.erase(client) != 0) {
+    SendError(
+        client, 0,
+        Status::ResourceExhausted(
+            "this connection was dropped for not reading its replies (more than " +
+            std::to_string(options.max_client_buffer_bytes) + " bytes unread); its groups were " +
+            (wal ? "detached: re-submit a group id with the same client_id to re-attach"
+                 : "aborted")));
+  }
+  if (e->client_id() && e->client_id()->size() > kMaxClientIdBytes) {
+    return SendError(client, e->request_id(),
+                     Status::InvalidArgument("client_id is longer than " +
+                                             std::to_string(kMaxClientIdBytes) + " bytes"));
+  }
+  const std::string owner = OwnerOf(client, *e);
   switch (e->msg_type()) {
     case wire::Message_SubmitRollouts:
-      return OnSubmit(client, e, data, msg.size());
+      return OnSubmit(client, owner, e, data, msg.size());
     case wire::Message_Abort:
-      return OnAbort(client, e->msg_as_Abort()->group_id(), e->request_id());
+      return OnAbort(client, owner, e->msg_as_Abort()->group_id(), e->request_id());
     case wire::Message_Status:
       return OnStatus(client, e->request_id());
     case wire::Message_UpdateWeights:
@@ -78,7 +128,7 @@ void Coordinator::State::OnClient(const std::string& client, const zmq::message_
     case wire::Message_Drain:
       return OnDrain(client, e->request_id(), e->msg_as_Drain()->resume());
     case wire::Message_Ack:
-      return OnClientAck(e->msg_as_Ack());
+      return OnClientAck(owner, e->msg_as_Ack());
     default:
       SendError(
           client, e->request_id(),
@@ -87,25 +137,55 @@ void Coordinator::State::OnClient(const std::string& client, const zmq::message_
   }
 }
 
-std::string Coordinator::State::GroupKey(const std::string& client, uint64_t group_id) const {
-  std::string key = wal ? std::string() : client;
+std::string Coordinator::State::GroupKey(const std::string& owner, uint64_t group_id) {
+  std::string key = owner;
   key.append(reinterpret_cast<const char*>(&group_id), sizeof(group_id));
   return key;
 }
 
-void Coordinator::State::OnSubmit(const std::string& client, const wire::Envelope* e,
-                                  const void* data, size_t size) {
+Coordinator::State::Group* Coordinator::State::FindGroup(const std::string& owner,
+                                                         uint64_t group_id,
+                                                         std::string* parked_key) {
+  // A group recovered from the WAL without a client_id (an anonymous or pre-owner submitter,
+  // whose connection did not survive the restart) answers to any owner: its key has no owner.
+  for (const std::string& o : {owner, std::string()}) {
+    const std::string key = GroupKey(o, group_id);
+    if (auto it = groups.find(key); it != groups.end()) return it->second.get();
+    if (parked_key != nullptr && wal && parked.count(key) != 0) {
+      *parked_key = key;
+      return nullptr;
+    }
+    if (!wal) break;
+  }
+  return nullptr;
+}
+
+void Coordinator::State::OnSubmit(const std::string& client, const std::string& owner,
+                                  const wire::Envelope* e, const void* data, size_t size) {
   const wire::SubmitRollouts* m = e->msg_as_SubmitRollouts();
   const uint64_t gid = m->group_id();
   Status s = ValidateSubmit(*m, options.submit);
   if (!s.ok()) return SendError(client, e->request_id(), s, gid);
-  std::string key = GroupKey(client, gid);
-  if (auto it = groups.find(key); it != groups.end()) {
-    if (wal && it->second->client != client) return Reattach(it->second.get(), client);
+  std::string parked_key;
+  if (Group* g = FindGroup(owner, gid, &parked_key)) {
+    if (wal && g->client != client) return Reattach(g, client);
     return SendError(client, e->request_id(),
                      Status::InvalidArgument("group " + std::to_string(gid) + " is still live"),
                      gid);
   }
+  if (!parked_key.empty()) return ReattachParked(parked_key, client);
+  // Every sample is sent to a replica as one work item that repeats its prompt; one that could
+  // not travel to a replica is refused here rather than lost on the way.
+  if (size > ReplicaMessageLimit(options.decode) / 2) {
+    return SendError(client, e->request_id(),
+                     Status::ResourceExhausted(
+                         "request of " + std::to_string(size) +
+                         " bytes: a group's request may use at most half of max_message_bytes (" +
+                         std::to_string(ReplicaMessageLimit(options.decode) / 2) +
+                         "), so that each sample's work item fits a replica message"),
+                     gid);
+  }
+  std::string key = GroupKey(owner, gid);
   if (wal && !wal->status().ok()) {
     return SendError(client, e->request_id(),
                      wal->status().WithContext("WAL failed; not accepting new work"), gid);
@@ -134,7 +214,7 @@ void Coordinator::State::OnSubmit(const std::string& client, const wire::Envelop
     Status ls = wal->LogGroup(serial, bytes);
     if (!ls.ok()) return SendError(client, e->request_id(), ls.WithContext("WAL append"), gid);
   }
-  Group* g = NewGroup(client, key, bytes, serial);
+  Group* g = NewGroup(client, owner, key, bytes, serial);
   g->group_pending = wal != nullptr;
   for (uint32_t i = 0; i < m->prompts()->size(); ++i) {
     for (uint32_t j = 0; j < m->n(); ++j) AddWork(g, i, j);
@@ -145,10 +225,12 @@ void Coordinator::State::OnSubmit(const std::string& client, const wire::Envelop
 }
 
 Coordinator::State::Group* Coordinator::State::NewGroup(const std::string& client,
+                                                        const std::string& owner,
                                                         const std::string& key,
                                                         std::string_view bytes, uint64_t serial) {
   auto g = std::make_unique<Group>();
   g->client = client;
+  g->owner = owner;
   g->detached = client.empty();
   g->key = key;
   g->buffer.assign(bytes.data(), bytes.size());  // heap: malloc-aligned
@@ -211,17 +293,22 @@ void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::Tr
 }
 
 void Coordinator::State::FinishGroupIfDone(Group* g) {
-  if (g->delivered + g->aborted < g->total || g->detached) return;
-  if (wal) {
-    if (done_groups.size() > 100000) done_groups.clear();
-    done_groups[g->group_id] = {g->serial, g->submit->n()};
+  if (g->delivered + g->aborted < g->total || g->redelivering) return;
+  if (g->detached) {
+    // Nobody to tell: with a WAL it waits, out of memory, for a re-attach or its Acks.
+    if (wal) Park(g);
+    return;
   }
   flatbuffers::FlatBufferBuilder fbb(256);
   auto done = wire::CreateGroupDone(fbb, g->group_id, g->delivered, g->errors, g->aborted,
                                     BuildCost(fbb, g->cost));
   FinishEnvelope(fbb, 0, wire::Message_GroupDone, done.Union());
   std::string client = g->client;
-  groups.erase(g->key);  // destroys g
+  if (wal) {
+    Park(g);  // destroys g
+  } else {
+    groups.erase(g->key);  // destroys g
+  }
   if (!client.empty()) SendClient(client, BufferView(fbb));
 }
 
@@ -243,6 +330,10 @@ void Coordinator::State::AbortGroup(Group* g) {
     ++g->aborted;
   }
   g->live.clear();
+  if (g->redelivering) {  // a re-attach in progress: its GroupDone comes now
+    g->redelivering = false;
+    redelivering.erase(g->key);
+  }
   if (wal && g->group_pending) {
     (void)wal->AckGroup(g->serial);
     g->group_pending = false;
@@ -257,14 +348,19 @@ void Coordinator::State::AbortGroup(Group* g) {
   FinishGroupIfDone(g);
 }
 
-void Coordinator::State::OnAbort(const std::string& client, uint64_t gid, uint64_t request_id) {
-  auto it = groups.find(GroupKey(client, gid));
-  if (it == groups.end()) {
+void Coordinator::State::OnAbort(const std::string& client, const std::string& owner, uint64_t gid,
+                                 uint64_t request_id) {
+  Group* g = FindGroup(owner, gid);
+  if (g == nullptr) {
     return SendError(client, request_id,
                      Status::NotFound("group " + std::to_string(gid) + " is not live"), gid);
   }
   spdlog::info("coordinator: abort group={}", gid);
-  AbortGroup(it->second.get());
+  if (g->client.empty()) {  // a detached group: the aborting owner gets its GroupDone
+    g->client = client;
+    g->detached = false;
+  }
+  AbortGroup(g);
 }
 
 void Coordinator::State::ClientGone(const std::string& client) {
@@ -276,11 +372,16 @@ void Coordinator::State::ClientGone(const std::string& client) {
     spdlog::warn("coordinator: client vanished; {} its {} live group(s)",
                  wal ? "detaching" : "aborting", gone.size());
   }
-  std::erase_if(outbox, [&](const auto& p) { return p.first == client; });
+  outboxes.erase(client);
   for (Group* g : gone) {
     g->client.clear();  // GroupDone goes nowhere
     if (wal) {
       g->detached = true;  // work goes on; a re-attach gets the results
+      if (g->redelivering) {
+        g->redelivering = false;
+        redelivering.erase(g->key);
+      }
+      FinishGroupIfDone(g);  // a finished group leaves memory
     } else {
       AbortGroup(g);
     }
@@ -352,6 +453,17 @@ void Coordinator::State::Dispatch() {
   std::unordered_map<int, std::pair<std::unique_ptr<flatbuffers::FlatBufferBuilder>,
                                     std::vector<flatbuffers::Offset<wire::WorkItem>>>>
       batches;
+  // One ReplicaWork message per replica and pass, cut when it reaches a quarter of what a
+  // replica accepts: an item is at most about half of it (OnSubmit), so no message is refused.
+  const size_t cut = ReplicaMessageLimit(options.decode) / 4;
+  auto send_batch = [&](int r) {
+    auto& batch = batches[r];
+    auto& fbb = *batch.first;
+    auto work = wire::CreateReplicaWork(fbb, fbb.CreateVector(batch.second));
+    FinishEnvelope(fbb, 0, wire::Message_ReplicaWork, work.Union());
+    SendReplica(r, fbb);
+    batches.erase(r);
+  };
   for (auto qit = queue.begin(); qit != queue.end();) {
     auto& dq = qit->second;
     bool full = false;
@@ -385,6 +497,7 @@ void Coordinator::State::Dispatch() {
       batch.second.push_back(BuildWorkItem(*batch.first, *w.group->submit, w.id,
                                            {w.group->group_id, w.prompt_index, w.sample_index},
                                            forced, wal != nullptr, later ? &turn : nullptr));
+      if (batch.first->GetSize() >= cut) send_batch(r);
     }
     if (full) break;
     if (dq.empty()) {
@@ -393,16 +506,20 @@ void Coordinator::State::Dispatch() {
       ++qit;
     }
   }
-  for (auto& [r, batch] : batches) {
-    auto& fbb = *batch.first;
-    auto work = wire::CreateReplicaWork(fbb, fbb.CreateVector(batch.second));
-    FinishEnvelope(fbb, 0, wire::Message_ReplicaWork, work.Union());
-    SendReplica(r, fbb);
-  }
+  std::vector<int> open;
+  for (auto& [r, batch] : batches) open.push_back(r);
+  for (int r : open) send_batch(r);
 }
 
 void Coordinator::State::HandleFailures() {
-  while (!dead_replicas.empty() || !gone_clients.empty()) {
+  while (!dead_replicas.empty() || !gone_clients.empty() || !slow_clients.empty()) {
+    auto slow = std::move(slow_clients);
+    slow_clients.clear();
+    for (const std::string& c : slow) {
+      ClientGone(c);
+      if (dropped.size() > 100000) dropped.clear();
+      dropped.insert(c);
+    }
     auto dead = std::move(dead_replicas);
     dead_replicas.clear();
     for (int r : dead) ReplicaDead(r, "unreachable");
@@ -429,7 +546,7 @@ void Coordinator::State::Run() {
   zmq::message_t id, body;
   while (!stop->load(std::memory_order_relaxed)) {
     try {
-      int wait_ms = outbox.empty() ? 20 : 1;
+      int wait_ms = outboxes.empty() && redelivering.empty() ? 20 : 1;
       if (wal && !held.empty()) wait_ms = std::min(wait_ms, std::max(1, wal->MsUntilCommit()));
       zmq::poll(items, n_items, std::chrono::milliseconds(wait_ms));
       if (n_items == 3 && (items[2].revents & ZMQ_POLLIN)) OnToolsDone();
@@ -455,6 +572,10 @@ void Coordinator::State::Run() {
       if (now - last_check > std::chrono::milliseconds(20)) {
         CheckTimeouts();
         last_check = now;
+      }
+      if (wal && now - last_retention_check > std::chrono::seconds(1)) {
+        EnforceRetention();
+        last_retention_check = now;
       }
       Dispatch();
       MaybeSendUpdate();

@@ -66,8 +66,22 @@ struct CoordinatorOptions {
   // A streamed weight update whose client sends no part for this long is abandoned (its staged
   // parts are dropped on every replica).
   int stream_timeout_ms = 60000;
-  // Pending outgoing messages per client socket before ZeroMQ reports EAGAIN (then we buffer).
-  int client_sndhwm = 100000;
+  // Pending outgoing messages per client connection before ZeroMQ reports EAGAIN (then the
+  // coordinator buffers them, up to max_client_buffer_bytes).
+  int client_sndhwm = 1000;
+  // Replies buffered in the coordinator for one connection that does not read. Past it the
+  // connection is dropped (logged): nothing more is sent to it, its groups are detached (WAL:
+  // the work goes on and stays in the WAL for a re-attach) or aborted (no WAL), and its next
+  // message is answered with Error{ResourceExhausted}. Other clients are never held up by it.
+  // A re-attach re-sends at this pace too (docs/protocol.md "Owners").
+  size_t max_client_buffer_bytes = size_t{64} << 20;
+  // WAL only: finished groups leave memory (their trajectories stay in the WAL until
+  // acknowledged). One whose trajectories are not all acknowledged within max_age_s, or the
+  // oldest beyond max_groups, is discarded from the WAL (logged).
+  struct Retention {
+    int64_t max_age_s = 7 * 24 * 3600;
+    size_t max_groups = 1'000'000;
+  } retention;
   DecodeLimits decode;
   SubmitLimits submit;  // submit.vocab_size is taken from the first replica when 0
   PriceTable price;

@@ -33,8 +33,13 @@ void Coordinator::State::MaybeFinishDrain() {
 }
 
 void Coordinator::State::OnReplica(const std::string& identity, const zmq::message_t& msg) {
-  auto env =
-      DecodeEnvelope(AlignForRead(msg.data(), msg.size(), &align_buf), msg.size(), options.decode);
+  // A replica's results of one step can be large (every sequence that finished, each up to the
+  // context length): replicas are the service's own peers, so their messages get a wider size
+  // limit than clients' instead of being dropped with their trajectories.
+  DecodeLimits limits = options.decode;
+  limits.max_message_bytes = std::max(limits.max_message_bytes, kMaxReplicaMessageBytes);
+  limits.max_tables = std::max<uint32_t>(limits.max_tables, 64'000'000);
+  auto env = DecodeEnvelope(AlignForRead(msg.data(), msg.size(), &align_buf), msg.size(), limits);
   if (!env.ok()) {
     spdlog::warn("coordinator: bad message from a replica: {}", env.status().ToString());
     return;

@@ -48,6 +48,25 @@ inline uint64_t HashBytes(const void* data, size_t n, uint64_t h = 0xCBF29CE4842
   return h;
 }
 
+// Longest Envelope.client_id accepted.
+constexpr size_t kMaxClientIdBytes = 256;
+
+// The owner of the groups a client message names: its client_id when set ("c" + id), else its
+// connection ("r" + routing id). docs/protocol.md "Owners".
+inline std::string OwnerOf(const std::string& connection, const wire::Envelope& e) {
+  if (e.client_id() != nullptr && e.client_id()->size() > 0) return "c" + e.client_id()->str();
+  return "r" + connection;
+}
+
+// The largest message the coordinator accepts from a replica.
+constexpr size_t kMaxReplicaMessageBytes = size_t{1} << 30;
+
+// The largest message a replica accepts from the coordinator (replicas decode with the default
+// DecodeLimits).
+inline size_t ReplicaMessageLimit(const DecodeLimits& coordinator) {
+  return std::min(coordinator.max_message_bytes, DecodeLimits{}.max_message_bytes);
+}
+
 // Decode tokens per second over a sliding window of one-second buckets.
 class RateMeter {
  public:
@@ -79,17 +98,22 @@ class RateMeter {
 
 using coordinator_internal::Clock;
 using coordinator_internal::HashBytes;
+using coordinator_internal::kMaxClientIdBytes;
+using coordinator_internal::kMaxReplicaMessageBytes;
+using coordinator_internal::OwnerOf;
 using coordinator_internal::RateMeter;
+using coordinator_internal::ReplicaMessageLimit;
 using coordinator_internal::Seconds;
 
 struct Coordinator::State {
   struct Group {
-    std::string client;  // routing id of the submitting DEALER
-    std::string key;     // client + group id
+    std::string client;  // routing id of the DEALER that gets its results (empty: detached)
+    std::string owner;   // OwnerOf() of the submitter; key = owner + group id
+    std::string key;
     std::string buffer;  // the SubmitRollouts envelope, kept for building work items
     const wire::SubmitRollouts* submit = nullptr;  // points into buffer
     uint64_t group_id = 0;
-    uint32_t total = 0, delivered = 0, errors = 0, aborted = 0;
+    uint32_t total = 0, delivered = 0, errors = 0, aborted = 0, acked = 0;
     std::unordered_set<uint64_t> live;  // work ids not yet finished
     CostInfo cost;
     // WAL mode only.
@@ -98,6 +122,27 @@ struct Coordinator::State {
     bool group_pending = false;  // its AppendGroup record is not yet acknowledged
     uint32_t unheadered = 0;     // samples without a trajectory header yet
     std::map<uint32_t, std::string> sent;  // flat index -> delivered envelope (until Ack)
+    // Re-delivery after a re-attach, paced by the client's output buffer (PumpRedelivery):
+    // flats below `cursor` were re-sent; from_wal: a parked group brought back, whose
+    // trajectories are read from the WAL instead of `sent`.
+    bool redelivering = false;
+    bool from_wal = false;
+    uint32_t cursor = 0;
+  };
+  // A finished WAL group out of memory (its trajectories are in the WAL until acknowledged):
+  // what a late Ack, a re-attach and the retention bound need. A re-submit of its id by its
+  // owner re-attaches to it; once every trajectory is acknowledged it is forgotten (the id is
+  // free for a new group).
+  struct Parked {
+    uint64_t serial = 0, group_id = 0;
+    uint32_t n = 0, total = 0, delivered = 0, errors = 0, aborted = 0, acked = 0;
+    CostInfo cost;
+    Clock::time_point since;
+  };
+  // Replies that hit the client's ZeroMQ high-water mark, per connection.
+  struct Outbox {
+    std::deque<std::string> msgs;
+    size_t bytes = 0;
   };
   struct Work {
     uint64_t id = 0;
@@ -135,6 +180,7 @@ struct Coordinator::State {
     uint32_t flat = 0;
     std::string envelope;  // client Trajectory envelope (cost.wal_bytes filled on delivery)
     bool failed = false;
+    uint64_t lsn = 0;  // the finish record's LSN: delivered once DurableLsn() reaches it
   };
   struct Replica {
     std::string identity;
@@ -193,9 +239,16 @@ struct Coordinator::State {
   std::vector<Replica> replicas;
   std::unordered_map<std::string, int> replica_by_identity;
   std::unordered_map<uint64_t, int> affinity;
-  std::deque<std::pair<std::string, std::string>> outbox;  // client sends that hit EAGAIN
+  std::unordered_map<std::string, Outbox> outboxes;  // non-empty ones only
   // Found while sending; handled between loop iterations so no iteration is invalidated.
   std::unordered_set<std::string> gone_clients;
+  // Connections whose unread replies passed options.max_client_buffer_bytes: nothing more is
+  // sent to them; HandleFailures detaches (WAL) or aborts their groups, and `dropped` tells
+  // them why on their next message.
+  std::unordered_set<std::string> slow_clients;
+  std::unordered_set<std::string> dropped;
+  // Groups re-delivering after a re-attach (keys), pumped as their client's output drains.
+  std::unordered_set<std::string> redelivering;
   std::unordered_set<int> dead_replicas;
   std::vector<uint64_t> align_buf;  // AlignForRead storage for the message being handled
   uint64_t next_work_id = 1;
@@ -225,7 +278,12 @@ struct Coordinator::State {
   uint64_t next_serial = 1;
   int32_t eos_id = -1;
   bool wal_error_reported = false;
-  std::unordered_map<uint64_t, std::pair<uint64_t, uint32_t>> done_groups;  // gid -> (serial, n)
+  // Finished WAL groups out of memory, by group key; parked_order: oldest first (lazily pruned)
+  // for the retention bound (options.retention).
+  std::unordered_map<std::string, Parked> parked;
+  std::deque<std::pair<Clock::time_point, std::string>> parked_order;
+  Clock::time_point last_retention_check;
+  bool recovering = false;  // RecoverFromWal runs: groups are not finished (parked) yet
 
   State(zmq::context_t& ctx, const CoordinatorOptions& o)
       : options(o), front(ctx, zmq::socket_type::router), back(ctx, zmq::socket_type::router) {}
@@ -237,7 +295,14 @@ struct Coordinator::State {
   // Returns false when the message must wait (EAGAIN); a vanished client aborts its groups.
   bool TrySend(const std::string& client, std::string_view bytes);
 
+  // Queues a reply that hit EAGAIN; past options.max_client_buffer_bytes the connection is
+  // dropped as a slow reader (slow_clients).
+  void Queue(const std::string& client, std::string_view bytes);
+
   void FlushOutbox();
+
+  // Bytes waiting in the coordinator for `client` (beyond ZeroMQ's own queue).
+  size_t Pending(const std::string& client) const;
 
   void SendError(const std::string& client, uint64_t request_id, const Status& s,
                  uint64_t group_id = 0);
@@ -250,15 +315,19 @@ struct Coordinator::State {
 
   void OnClient(const std::string& client, const zmq::message_t& msg);
 
-  // Without a WAL groups are per client; with one, a group id names one group for every client,
-  // so that a reconnected client can re-attach to it.
-  std::string GroupKey(const std::string& client, uint64_t group_id) const;
+  // The group key: owner (OwnerOf) + group id. docs/protocol.md "Owners".
+  static std::string GroupKey(const std::string& owner, uint64_t group_id);
 
-  void OnSubmit(const std::string& client, const wire::Envelope* e, const void* data, size_t size);
+  // The live group, or (WAL) the recovered group logged without a client_id, that `owner` names
+  // by `group_id`; null when none. `parked_key` (optional) gets the key of a parked one.
+  Group* FindGroup(const std::string& owner, uint64_t group_id, std::string* parked_key = nullptr);
+
+  void OnSubmit(const std::string& client, const std::string& owner, const wire::Envelope* e,
+                const void* data, size_t size);
 
   // A group from a verified SubmitRollouts envelope `bytes`; no samples yet.
-  Group* NewGroup(const std::string& client, const std::string& key, std::string_view bytes,
-                  uint64_t serial);
+  Group* NewGroup(const std::string& client, const std::string& owner, const std::string& key,
+                  std::string_view bytes, uint64_t serial);
 
   // Queues sample (i, j) of g; `log` (WAL) resumes it from its logged tokens. A sample without a
   // log waits for weights version `needs_version` (a recovered group's other samples' version).
@@ -270,7 +339,8 @@ struct Coordinator::State {
   // Cancels every unfinished sample of `g`, then sends GroupDone.
   void AbortGroup(Group* g);
 
-  void OnAbort(const std::string& client, uint64_t gid, uint64_t request_id);
+  void OnAbort(const std::string& client, const std::string& owner, uint64_t gid,
+               uint64_t request_id);
 
   void ClientGone(const std::string& client);
 
@@ -345,13 +415,25 @@ struct Coordinator::State {
   // Commits (group commit) and delivers the trajectories whose finish record is durable.
   void CommitAndDeliver();
 
-  void Deliver(Group* g, uint32_t flat, std::string envelope, bool failed);
+  void Deliver(Group* g, uint32_t flat, std::string envelope, bool failed, int64_t wal_bytes);
 
   // A client (re)submitted the group id of a live or recovered group: it becomes the group's
   // client and gets every trajectory delivered so far and not acknowledged, then GroupDone.
   void Reattach(Group* g, const std::string& client);
 
-  void OnClientAck(const wire::Ack* a);
+  // The same for a parked group: it is brought back (its trajectories read from the WAL).
+  void ReattachParked(const std::string& key, const std::string& client);
+
+  // Re-sends the next trajectories of re-attached groups while their client's buffer has room.
+  void PumpRedelivery();
+
+  // A finished WAL group leaves memory (FinishGroupIfDone).
+  void Park(Group* g);
+
+  // Discards parked groups past options.retention (age or count) from the WAL.
+  void EnforceRetention();
+
+  void OnClientAck(const std::string& owner, const wire::Ack* a);
 
   // Rebuilds groups and work from the WAL (Coordinator::Start, before any thread runs).
   Status RecoverFromWal();

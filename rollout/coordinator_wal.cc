@@ -89,12 +89,16 @@ void Coordinator::State::LogFinish(const Work& w, const wire::Trajectory& t, std
   d.flat = WalFlatOf(w.id);
   d.envelope = std::move(envelope);
   d.failed = t.finish() == wire::FinishReason_Error;
+  d.lsn = wal->LastLsn();
   held.push_back(std::move(d));
 }
 
 void Coordinator::State::CommitAndDeliver() {
   CheckWal(wal->MaybeCommit());
-  while (!held.empty() && wal->Durable(held.front().traj)) {
+  // By LSN, not by trajectory: a held trajectory stays deliverable whatever happens to its
+  // records meanwhile (an Ack, a Discard).
+  const uint64_t durable = wal->DurableLsn();
+  while (!held.empty() && held.front().lsn <= durable) {
     HeldDelivery d = std::move(held.front());
     held.pop_front();
     auto git = groups.find(d.group_key);
@@ -106,16 +110,20 @@ void Coordinator::State::CommitAndDeliver() {
     flatbuffers::FlatBufferBuilder fbb(d.envelope.size() + 64);
     BuildClientTrajectory(fbb, *t, {g->group_id, t->prompt_index(), t->sample_index()}, cost,
                           t->replica() ? t->replica()->string_view() : "", g->submit->client_tag());
-    Deliver(g, d.flat, std::string(BufferView(fbb)), d.failed);
+    Deliver(g, d.flat, std::string(BufferView(fbb)), d.failed, cost.wal_bytes);
   }
 }
 
-void Coordinator::State::Deliver(Group* g, uint32_t flat, std::string envelope, bool failed) {
+void Coordinator::State::Deliver(Group* g, uint32_t flat, std::string envelope, bool failed,
+                                 int64_t wal_bytes) {
   ++g->delivered;
   if (failed) ++g->errors;
-  if (!g->client.empty()) SendClient(g->client, envelope);
+  g->cost.wal_bytes += wal_bytes;
+  // While a re-attach re-sends the group, trajectories at or past its cursor go out with it.
+  const bool now = !g->client.empty() && !(g->redelivering && flat >= g->cursor);
+  if (now) SendClient(g->client, envelope);
   g->sent[flat] = std::move(envelope);
-  FinishGroupIfDone(g);
+  if (!recovering) FinishGroupIfDone(g);
 }
 
 void Coordinator::State::Reattach(Group* g, const std::string& client) {
@@ -123,31 +131,174 @@ void Coordinator::State::Reattach(Group* g, const std::string& client) {
                g->delivered, g->total);
   g->client = client;
   g->detached = false;
-  for (const auto& [flat, env] : g->sent) SendClient(client, env);
-  FinishGroupIfDone(g);
+  g->redelivering = true;
+  g->cursor = 0;
+  redelivering.insert(g->key);
+  PumpRedelivery();
 }
 
-void Coordinator::State::OnClientAck(const wire::Ack* a) {
-  if (!wal || a->prompt_index() == nullptr || a->sample_index() == nullptr) return;
-  Group* g = nullptr;
-  uint64_t serial = 0;
-  uint32_t n = 0;
-  if (auto it = groups.find(GroupKey("", a->group_id())); it != groups.end()) {
-    g = it->second.get();
-    serial = g->serial;
-    n = g->submit->n();
-  } else if (auto d = done_groups.find(a->group_id()); d != done_groups.end()) {
-    std::tie(serial, n) = d->second;
-  } else {
+void Coordinator::State::ReattachParked(const std::string& key, const std::string& client) {
+  const Parked p = parked[key];
+  parked.erase(key);
+  std::string request;  // the group's request, from any of its logged trajectories
+  for (uint32_t flat = 0; flat < p.total && request.empty(); ++flat) {
+    if (!wal->Known(WalTrajId(p.serial, flat))) continue;
+    auto log = wal->Read(WalTrajId(p.serial, flat));
+    if (log.ok()) request = std::move(log->header.request);
+  }
+  spdlog::info("coordinator: client re-attached to finished group={} ({} trajectories, {} acked)",
+               p.group_id, p.delivered, p.acked);
+  if (request.empty()) {  // nothing left in the WAL: just the group's end
+    flatbuffers::FlatBufferBuilder fbb(256);
+    auto done = wire::CreateGroupDone(fbb, p.group_id, p.delivered, p.errors, p.aborted,
+                                      BuildCost(fbb, p.cost));
+    FinishEnvelope(fbb, 0, wire::Message_GroupDone, done.Union());
+    SendClient(client, BufferView(fbb));
     return;
   }
+  Group* g = NewGroup(client, key.substr(0, key.size() - sizeof(uint64_t)), key, request, p.serial);
+  g->delivered = p.delivered;
+  g->errors = p.errors;
+  g->aborted = p.aborted;
+  g->acked = p.acked;
+  g->cost = p.cost;
+  g->from_wal = true;
+  g->redelivering = true;
+  g->cursor = 0;
+  redelivering.insert(key);
+  PumpRedelivery();
+}
+
+void Coordinator::State::PumpRedelivery() {
+  if (redelivering.empty()) return;
+  const size_t room = options.max_client_buffer_bytes / 2;
+  std::vector<std::string> keys(redelivering.begin(), redelivering.end());
+  for (const std::string& key : keys) {
+    auto git = groups.find(key);
+    if (git == groups.end() || !git->second->redelivering || git->second->client.empty()) {
+      redelivering.erase(key);
+      continue;
+    }
+    Group* g = git->second.get();
+    const std::string client = g->client;
+    const uint32_t n = g->submit->n();
+    const std::string tag = g->submit->client_tag() ? g->submit->client_tag()->str() : "";
+    bool done = false;
+    while (!done && Pending(client) < room && slow_clients.count(client) == 0) {
+      if (!g->from_wal) {
+        auto it = g->sent.lower_bound(g->cursor);
+        if (it == g->sent.end()) {
+          done = true;
+          break;
+        }
+        g->cursor = it->first + 1;
+        SendClient(client, it->second);
+        continue;
+      }
+      if (g->cursor >= g->total) {
+        done = true;
+        break;
+      }
+      const uint32_t flat = g->cursor++;
+      const SampleAddress at{g->group_id, flat / n, flat % n};
+      if (!wal->Known(WalTrajId(g->serial, flat))) continue;  // acknowledged or aborted
+      auto log = wal->Read(WalTrajId(g->serial, flat));
+      if (log.ok() && log->finish) {
+        CostInfo cost;
+        cost.wal_bytes = static_cast<int64_t>(log->bytes);
+        SendClient(client, BuildLoggedTrajectory(*log, at, cost, tag));
+      } else if (!log.ok() && log.status().code() != ErrorCode::kNotFound) {
+        SendClient(client, BuildErrorTrajectory(at, log.status(), tag));
+      }  // else acknowledged or aborted: not sent again
+    }
+    if (!done) continue;
+    g->redelivering = false;
+    redelivering.erase(key);
+    FinishGroupIfDone(g);
+  }
+}
+
+void Coordinator::State::Park(Group* g) {
+  const std::string key = g->key;
+  if (g->acked + g->aborted < g->total) {
+    Parked& p = parked[key];
+    p.serial = g->serial;
+    p.group_id = g->group_id;
+    p.n = g->submit->n();
+    p.total = g->total;
+    p.delivered = g->delivered;
+    p.errors = g->errors;
+    p.aborted = g->aborted;
+    p.acked = g->acked;
+    p.cost = g->cost;
+    p.since = Clock::now();
+    parked_order.emplace_back(p.since, key);
+  }
+  groups.erase(key);  // destroys g
+}
+
+void Coordinator::State::EnforceRetention() {
+  const auto now = Clock::now();
+  const auto max_age = std::chrono::seconds(options.retention.max_age_s);
+  while (!parked_order.empty()) {
+    const auto [since, key] = parked_order.front();
+    auto it = parked.find(key);
+    if (it == parked.end() || it->second.since != since) {  // re-attached or acknowledged
+      parked_order.pop_front();
+      continue;
+    }
+    const bool too_many = parked.size() > options.retention.max_groups;
+    if (!too_many && now - since <= max_age) break;
+    const Parked& p = it->second;
+    spdlog::warn(
+        "coordinator: retention: discarding group={} from the WAL: {} of its {} trajectories "
+        "were never acknowledged ({})",
+        p.group_id, p.delivered - p.acked, p.total,
+        too_many ? "more finished groups than retention.max_groups" : "older than max_age_s");
+    for (uint32_t flat = 0; flat < p.total; ++flat) (void)wal->Discard(WalTrajId(p.serial, flat));
+    parked.erase(it);
+    parked_order.pop_front();
+  }
+  if (parked_order.size() > 2 * parked.size() + 1024) {  // drop stale entries
+    std::erase_if(parked_order, [&](const auto& e) {
+      auto it = parked.find(e.second);
+      return it == parked.end() || it->second.since != e.first;
+    });
+  }
+}
+
+void Coordinator::State::OnClientAck(const std::string& owner, const wire::Ack* a) {
+  if (!wal || a->prompt_index() == nullptr || a->sample_index() == nullptr) return;
+  Group* g = FindGroup(owner, a->group_id());
+  Parked* p = nullptr;
+  std::string parked_key;
+  for (const std::string& o : {owner, std::string()}) {
+    if (g != nullptr) break;
+    parked_key = GroupKey(o, a->group_id());
+    if (auto it = parked.find(parked_key); it != parked.end()) {
+      p = &it->second;
+      break;
+    }
+  }
+  if (g == nullptr && p == nullptr) return;
+  const uint64_t serial = g ? g->serial : p->serial;
+  const uint32_t n = g ? g->submit->n() : p->n;
+  const uint32_t prompts = g ? g->submit->prompts()->size() : p->total / p->n;
   const uint32_t k = std::min(a->prompt_index()->size(), a->sample_index()->size());
   for (uint32_t i = 0; i < k; ++i) {
-    const uint32_t flat = a->prompt_index()->Get(i) * n + a->sample_index()->Get(i);
+    const uint32_t pi = a->prompt_index()->Get(i), si = a->sample_index()->Get(i);
+    if (pi >= prompts || si >= n) continue;  // names no trajectory of this group
+    const uint32_t flat = pi * n + si;
+    // Only what was delivered: an early Ack (before delivery) or a repeated one does nothing.
+    if (g != nullptr && !g->from_wal && g->sent.erase(flat) == 0) continue;
     Status s = wal->Acknowledge(WalTrajId(serial, flat));
-    if (!s.ok()) spdlog::debug("coordinator: ack: {}", s.ToString());
-    if (g) g->sent.erase(flat);
+    if (!s.ok()) {
+      spdlog::debug("coordinator: ack: {}", s.ToString());
+      continue;
+    }
+    ++(g ? g->acked : p->acked);
   }
+  if (p != nullptr && p->acked + p->aborted >= p->total) parked.erase(parked_key);
 }
 
 Status Coordinator::State::RecoverFromWal() {
@@ -165,15 +316,20 @@ Status Coordinator::State::RecoverFromWal() {
       return nullptr;
     }
     const uint64_t gid = (*env)->msg_as_SubmitRollouts()->group_id();
-    if (groups.count(GroupKey("", gid))) {
+    // Its owner: the client_id it was submitted with; none: any client may re-attach.
+    const auto* cid = (*env)->client_id();
+    const std::string owner = cid != nullptr && cid->size() > 0 ? "c" + cid->str() : "";
+    const std::string key = GroupKey(owner, gid);
+    if (groups.count(key)) {
       spdlog::error("coordinator: WAL holds group id {} twice; serial {} skipped", gid, serial);
       return nullptr;
     }
-    Group* g = NewGroup("", GroupKey("", gid), request, serial);
+    Group* g = NewGroup("", owner, key, request, serial);
     g->group_pending = pending;
     by_serial[serial] = g;
     return g;
   };
+  recovering = true;
   for (const wal::PendingGroup& pg : rec.groups) {
     note(pg.group_id);
     make(pg.group_id, pg.request, true);
@@ -218,20 +374,26 @@ Status Coordinator::State::RecoverFromWal() {
         cost.wal_bytes = static_cast<int64_t>(f->second->bytes);
         const bool failed = f->second->finish && f->second->finish->reason ==
                                                      static_cast<uint8_t>(wire::FinishReason_Error);
-        Deliver(g, flat, BuildLoggedTrajectory(*f->second, at, cost, tag), failed);
+        Deliver(g, flat, BuildLoggedTrajectory(*f->second, at, cost, tag), failed, cost.wal_bytes);
       } else if (auto q = quarantined.find(id); q != quarantined.end()) {
-        Deliver(g, flat, BuildErrorTrajectory(at, q->second, tag), true);
+        Deliver(g, flat, BuildErrorTrajectory(at, q->second, tag), true, 0);
       } else if (g->group_pending) {
         AddWork(g, at.prompt_index, at.sample_index, nullptr, group_version);
         ++g->unheadered;
       } else {
         ++g->delivered;  // acknowledged (compacted) before the restart
+        ++g->acked;
       }
     }
     if (g->group_pending && g->unheadered == 0) {
       BR_RETURN_IF_ERROR(wal->AckGroup(serial));
       g->group_pending = false;
     }
+  }
+  recovering = false;
+  // Finished groups leave memory (parked) until a re-attach or their Acks.
+  for (auto& [serial, g] : by_serial) {
+    if (g != nullptr) FinishGroupIfDone(g);
   }
   if (!waiting_weights.empty()) {
     spdlog::warn(

@@ -124,6 +124,7 @@ std::map<Key, Traj> RunWithKills(const SubmitRequest& req, int kills, const std:
     pid_t pid = StartServe(dir, ep, dur, kind);
     EXPECT_GT(pid, 0);
     ClientOptions co;
+    co.client_id = "trainer";  // re-attaching needs the same owner
     co.endpoint = ep;
     auto c = Client::Connect(co);
     EXPECT_TRUE(c.ok());
@@ -264,6 +265,7 @@ void ReplicaFailover(EngineKind kind) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(kind.real ? 1500 : 400));
   ClientOptions co;
+  co.client_id = "trainer";  // re-attaching needs the same owner
   co.endpoint = ep;
   auto c = Client::Connect(co);
   ASSERT_TRUE(c.ok());

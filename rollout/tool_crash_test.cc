@@ -230,6 +230,7 @@ TEST(ToolCrashTest, KillNineInsideToolCallsIsBitIdenticalAndNeverReExecutesALogg
   auto t0 = Clock::now();
   {
     ClientOptions co;
+    co.client_id = "trainer";  // re-attaching needs the same owner
     co.endpoint = ref_ep;
     auto c = Client::Connect(co);
     ASSERT_TRUE(c.ok());
@@ -259,6 +260,7 @@ TEST(ToolCrashTest, KillNineInsideToolCallsIsBitIdenticalAndNeverReExecutesALogg
     pid = StartServe(ref_dir + "/data", ref_ep, ref_append);
     ASSERT_GT(pid, 0);
     ClientOptions co;
+    co.client_id = "trainer";  // re-attaching needs the same owner
     co.endpoint = ref_ep;
     auto c = Client::Connect(co);
     ASSERT_TRUE(c.ok());
@@ -286,6 +288,7 @@ TEST(ToolCrashTest, KillNineInsideToolCallsIsBitIdenticalAndNeverReExecutesALogg
     pid = StartServe(dir + "/data", ep, append);
     ASSERT_GT(pid, 0);
     ClientOptions co;
+    co.client_id = "trainer";  // re-attaching needs the same owner
     co.endpoint = ep;
     auto c = Client::Connect(co);
     ASSERT_TRUE(c.ok());
@@ -362,6 +365,7 @@ TEST(ToolCrashTest, ReplicaKilledMidToolLoopResumesOnTheOther) {
   std::map<Key, Traj> want;
   {
     ClientOptions co;
+    co.client_id = "trainer";  // re-attaching needs the same owner
     co.endpoint = ref_ep;
     auto c = Client::Connect(co);
     ASSERT_TRUE(c.ok());
@@ -404,6 +408,7 @@ TEST(ToolCrashTest, ReplicaKilledMidToolLoopResumesOnTheOther) {
                                "--name", "r" + std::to_string(i), "--log-level", "warn"}));
   }
   ClientOptions co;
+  co.client_id = "trainer";  // re-attaching needs the same owner
   co.endpoint = ep;
   auto c = Client::Connect(co);
   ASSERT_TRUE(c.ok());

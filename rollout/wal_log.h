@@ -13,7 +13,8 @@
 //                       token indexes count sampled tokens only (rollout/coordinator_tools.cc)
 //   replica finish   -> AppendFinish(traj); the client gets the trajectory only once
 //                       IsTrajectoryDurable(traj)
-//   client Ack       -> Acknowledge(traj): compaction
+//   client Ack       -> Acknowledge(traj): compaction (a delivered trajectory of the Ack's owner)
+//   retention        -> Discard(traj): a finished group not acknowledged in time
 // Commits happen only between two passes of the coordinator loop (WalOptions::background_commit
 // = false), so the tokens and the finish record of one ReplicaResults message land in the same
 // LMDB transaction: a trajectory whose logged tokens are complete always has its finish record.
@@ -115,6 +116,14 @@ class WalLog {
   int MsUntilCommit() const;
 
   bool Durable(uint64_t traj) const { return wal_->IsTrajectoryDurable(traj); }
+  // Every change (append, acknowledgement, discard) gets an LSN; those <= DurableLsn() are
+  // durable.
+  uint64_t LastLsn() const { return wal_->LastLsn(); }
+  uint64_t DurableLsn() const { return wal_->DurableLsn(); }
+  // False once a trajectory is acknowledged or discarded (even before that is committed).
+  bool Known(uint64_t traj) const { return wal_->NextSeq(traj) > 0; }
+  // A trajectory's committed records (kNotFound once acknowledged or discarded).
+  Result<wal::TrajectoryLog> Read(uint64_t traj) const { return wal_->ReadTrajectory(traj); }
   uint64_t Bytes(uint64_t traj) const { return wal_->TrajectoryBytes(traj); }
   Status status() const { return wal_->status(); }
   wal::WalStats stats() const { return wal_->stats(); }

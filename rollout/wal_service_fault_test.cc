@@ -93,6 +93,7 @@ Service StartService(const std::string& wal_dir, int64_t delay_us = 2000) {
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   if (!c.ok()) return s;
   ClientOptions clo;
+  clo.client_id = "trainer";  // re-attaching needs the same owner
   clo.endpoint = (*c)->endpoint();
   auto client = Client::Connect(clo);
   EXPECT_TRUE(client.ok()) << client.status().ToString();

@@ -84,6 +84,7 @@ struct Fixture {
 
 std::unique_ptr<Client> ConnectTo(const std::string& ep) {
   ClientOptions co;
+  co.client_id = "trainer";  // re-attaching needs the same owner
   co.endpoint = ep;
   auto c = Client::Connect(co);
   EXPECT_TRUE(c.ok());

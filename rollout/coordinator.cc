@@ -128,7 +128,7 @@ void Coordinator::State::OnClient(const std::string& client, const zmq::message_
     case wire::Message_Drain:
       return OnDrain(client, e->request_id(), e->msg_as_Drain()->resume());
     case wire::Message_Ack:
-      return OnClientAck(owner, e->msg_as_Ack());
+      return OnClientAck(client, owner, e);
     default:
       SendError(
           client, e->request_id(),
@@ -464,48 +464,31 @@ void Coordinator::State::Dispatch() {
     SendReplica(r, fbb);
     batches.erase(r);
   };
-  for (auto qit = queue.begin(); qit != queue.end();) {
-    auto& dq = qit->second;
-    bool full = false;
-    while (!dq.empty()) {
-      const uint64_t id = dq.front();
-      auto wit = works.find(id);
-      if (wit == works.end() || wit->second.replica >= 0) {  // aborted: lazy removal
-        dq.pop_front();
-        continue;
-      }
-      Work& w = wit->second;
-      const int r = Choose(w.affinity);
-      if (r < 0) {
-        full = true;
-        break;
-      }
-      dq.pop_front();
-      --queued;
-      w.replica = r;
-      w.needs_version = 0;
-      w.queue_seconds += Seconds(now - w.enqueued);
-      replicas[r].inflight.insert(id);
-      if (wal) LogDispatch(&w);
-      auto& batch = batches[r];
-      if (!batch.first) batch.first = std::make_unique<flatbuffers::FlatBufferBuilder>(4096);
-      std::span<const int32_t> forced(w.tokens);
-      forced = forced.subspan(std::min<size_t>(forced.size(), w.sampled_base));
-      TurnInput turn{w.ctx_ids, w.inject,
-                     w.group->submit->max_tokens() - static_cast<int32_t>(w.sampled_base)};
-      const bool later = !w.ctx_ids.empty() || !w.inject.empty();
-      batch.second.push_back(BuildWorkItem(*batch.first, *w.group->submit, w.id,
-                                           {w.group->group_id, w.prompt_index, w.sample_index},
-                                           forced, wal != nullptr, later ? &turn : nullptr));
-      if (batch.first->GetSize() >= cut) send_batch(r);
-    }
-    if (full) break;
-    if (dq.empty()) {
-      qit = queue.erase(qit);
-    } else {
-      ++qit;
-    }
-  }
+  queue.Drain([&](uint64_t id) {
+    auto wit = works.find(id);
+    if (wit == works.end() || wit->second.replica >= 0) return FairQueue::Take::kStale;  // aborted
+    Work& w = wit->second;
+    const int r = Choose(w.affinity);
+    if (r < 0) return FairQueue::Take::kFull;
+    --queued;
+    w.replica = r;
+    w.needs_version = 0;
+    w.queue_seconds += Seconds(now - w.enqueued);
+    replicas[r].inflight.insert(id);
+    if (wal) LogDispatch(&w);
+    auto& batch = batches[r];
+    if (!batch.first) batch.first = std::make_unique<flatbuffers::FlatBufferBuilder>(4096);
+    std::span<const int32_t> forced(w.tokens);
+    forced = forced.subspan(std::min<size_t>(forced.size(), w.sampled_base));
+    TurnInput turn{w.ctx_ids, w.inject,
+                   w.group->submit->max_tokens() - static_cast<int32_t>(w.sampled_base)};
+    const bool later = !w.ctx_ids.empty() || !w.inject.empty();
+    batch.second.push_back(BuildWorkItem(*batch.first, *w.group->submit, w.id,
+                                         {w.group->group_id, w.prompt_index, w.sample_index},
+                                         forced, wal != nullptr, later ? &turn : nullptr));
+    if (batch.first->GetSize() >= cut) send_batch(r);
+    return FairQueue::Take::kTaken;
+  });
   std::vector<int> open;
   for (auto& [r, batch] : batches) open.push_back(r);
   for (int r : open) send_batch(r);
@@ -598,6 +581,12 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(
     // The first in-process engine fixes the vocabulary and the numerics fingerprint.
     if (s.options.submit.vocab_size == 0) {
       s.options.submit.vocab_size = engines[0]->info().vocab_size;
+    }
+    for (const auto& e : engines) {
+      const int32_t len = e->info().max_seq_len;
+      if (len > 0 && (s.options.submit.max_seq_len == 0 || len < s.options.submit.max_seq_len)) {
+        s.options.submit.max_seq_len = len;
+      }
     }
     s.fingerprint = engines[0]->info().fingerprint;  // pinned: remote replicas must match it
   }

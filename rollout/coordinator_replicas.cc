@@ -86,6 +86,10 @@ void Coordinator::State::OnHello(const std::string& identity, const wire::Envelo
   }
   if (!fingerprint) fingerprint = fp;
   if (options.submit.vocab_size == 0) options.submit.vocab_size = h->vocab_size();
+  if (h->max_seq_len() > 0 &&
+      (options.submit.max_seq_len == 0 || h->max_seq_len() < options.submit.max_seq_len)) {
+    options.submit.max_seq_len = h->max_seq_len();
+  }
   if (eos_id < 0) eos_id = h->eos_id();
   auto it = replica_by_identity.find(identity);
   int r;

@@ -23,6 +23,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "rollout/fair_queue.h"
 #include "rollout/messages.h"
 #include "rollout/tool_call.h"
 #include "rollout/tool_runner.h"
@@ -234,7 +235,7 @@ struct Coordinator::State {
 
   std::unordered_map<std::string, std::unique_ptr<Group>> groups;
   std::unordered_map<uint64_t, Work> works;
-  std::map<int, std::deque<uint64_t>, std::greater<>> queue;  // priority -> work ids
+  FairQueue queue;  // work ids waiting for a replica (rollout/fair_queue.h)
   uint64_t queued = 0;
   std::vector<Replica> replicas;
   std::unordered_map<std::string, int> replica_by_identity;
@@ -433,7 +434,7 @@ struct Coordinator::State {
   // Discards parked groups past options.retention (age or count) from the WAL.
   void EnforceRetention();
 
-  void OnClientAck(const std::string& owner, const wire::Ack* a);
+  void OnClientAck(const std::string& client, const std::string& owner, const wire::Envelope* e);
 
   // Rebuilds groups and work from the WAL (Coordinator::Start, before any thread runs).
   Status RecoverFromWal();

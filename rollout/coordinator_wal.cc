@@ -267,8 +267,20 @@ void Coordinator::State::EnforceRetention() {
   }
 }
 
-void Coordinator::State::OnClientAck(const std::string& owner, const wire::Ack* a) {
-  if (!wal || a->prompt_index() == nullptr || a->sample_index() == nullptr) return;
+void Coordinator::State::OnClientAck(const std::string& client, const std::string& owner,
+                                     const wire::Envelope* e) {
+  const wire::Ack* a = e->msg_as_Ack();
+  const auto* pis = a->prompt_index();
+  const auto* sis = a->sample_index();
+  if ((pis ? pis->size() : 0) != (sis ? sis->size() : 0)) {
+    // A client bug; zipping the lists could acknowledge trajectories it does not have.
+    return SendError(
+        client, e->request_id(),
+        Status::InvalidArgument("Ack: prompt_index and sample_index differ in length; nothing was "
+                                "acknowledged"),
+        a->group_id());
+  }
+  if (!wal || pis == nullptr) return;
   Group* g = FindGroup(owner, a->group_id());
   Parked* p = nullptr;
   std::string parked_key;
@@ -284,9 +296,8 @@ void Coordinator::State::OnClientAck(const std::string& owner, const wire::Ack* 
   const uint64_t serial = g ? g->serial : p->serial;
   const uint32_t n = g ? g->submit->n() : p->n;
   const uint32_t prompts = g ? g->submit->prompts()->size() : p->total / p->n;
-  const uint32_t k = std::min(a->prompt_index()->size(), a->sample_index()->size());
-  for (uint32_t i = 0; i < k; ++i) {
-    const uint32_t pi = a->prompt_index()->Get(i), si = a->sample_index()->Get(i);
+  for (uint32_t i = 0; i < pis->size(); ++i) {
+    const uint32_t pi = pis->Get(i), si = sis->Get(i);
     if (pi >= prompts || si >= n) continue;  // names no trajectory of this group
     const uint32_t flat = pi * n + si;
     // Only what was delivered: an early Ack (before delivery) or a repeated one does nothing.

@@ -277,12 +277,7 @@ void Coordinator::State::Enqueue(Work* w, bool front) {
     waiting_weights.push_back(w->id);
     return;
   }
-  auto& dq = queue[w->group->submit->priority()];
-  if (front) {
-    dq.push_front(w->id);
-  } else {
-    dq.push_back(w->id);
-  }
+  queue.Push(w->group->submit->priority(), w->group->key, w->id, front);
 }
 
 void Coordinator::State::ReleaseWaitingWork() {
@@ -295,7 +290,7 @@ void Coordinator::State::ReleaseWaitingWork() {
       still.push_back(id);
       continue;
     }
-    queue[w.group->submit->priority()].push_back(id);
+    queue.Push(w.group->submit->priority(), w.group->key, id);
   }
   if (still.size() < waiting_weights.size()) {
     spdlog::info("coordinator: weights version={} live: {} waiting trajectories queued",

@@ -131,6 +131,12 @@ Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits)
                                      std::to_string(limits.max_prompt_tokens));
     }
     BR_RETURN_IF_ERROR(CheckIds(p->ids(), limits.vocab_size, "prompt", i));
+    if (has_ids && limits.max_seq_len > 0 && len >= static_cast<size_t>(limits.max_seq_len)) {
+      return Status::OutOfRange("prompt " + std::to_string(i) + " has " + std::to_string(len) +
+                                " tokens; the model's context holds " +
+                                std::to_string(limits.max_seq_len) +
+                                " (a prompt must leave room for one generated token)");
+    }
   }
   BR_RETURN_IF_ERROR(CheckIds(m.stop_ids(), limits.vocab_size, "stop_ids", 0));
   return ValidateTools(m);

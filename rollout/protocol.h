@@ -44,18 +44,24 @@ Result<const wire::Envelope*> DecodeEnvelope(const void* data, size_t size,
 const void* AlignForRead(const void* data, size_t size, std::vector<uint64_t>* storage);
 
 struct SubmitLimits {
-  uint32_t max_prompts = 4096;     // prompts per group
-  uint32_t max_n = 4096;           // samples per prompt
-  uint64_t max_samples = 1 << 20;  // prompts x n per group
-  int32_t max_tokens = 1 << 20;    // per trajectory
+  uint32_t max_prompts = 4096;  // prompts per group
+  uint32_t max_n = 4096;        // samples per prompt
+  // prompts x n per group; a quarter of CoordinatorOptions::max_queued, so that one group at the
+  // limit cannot fill the queue and refuse everyone else.
+  uint64_t max_samples = 1 << 18;
+  int32_t max_tokens = 1 << 20;  // per trajectory
   int32_t max_turns = 64;
   size_t max_prompt_tokens = 1 << 20;  // ids or text bytes per prompt
   int32_t vocab_size = 0;              // token ids must be < vocab_size; 0 = not yet known
+  // A prompt of ids must leave room for one generated token: shorter than the model's context
+  // (the smallest of the replicas'). 0 = not yet known.
+  int32_t max_seq_len = 0;
 };
 
 // Checks a verified SubmitRollouts. Errors: kInvalidArgument (no prompts, n == 0 or too large,
 // max_tokens < 1 or too large, bad sampling params, a prompt with neither or both of ids/text,
-// an empty prompt), kOutOfRange (a token id < 0 or >= vocab_size, in a prompt or in stop_ids).
+// an empty prompt), kOutOfRange (a token id < 0 or >= vocab_size, in a prompt or in stop_ids;
+// a prompt of ids that does not fit the model's context, max_seq_len).
 Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits);
 
 // The tool loop's part of ValidateSubmit (docs/protocol.md "Tools"). kInvalidArgument: a

@@ -307,35 +307,95 @@ TEST(ReviewDefects, ClientThatNeverReadsDoesNotBlockOthers) {
 // dispatch message over 64 MiB that the replica dropped: its samples and an innocent group in the
 // same batch hung, and a later drained UpdateWeights never completed.
 TEST(ReviewDefects, LargeRequestIsServedOrRefusedAndLosesNothing) {
+  for (const bool fits : {true, false}) {
+    SCOPED_TRACE(fits ? "the prompt fits the model's context" : "the prompt is too long");
+    NullEngineOptions ne;
+    if (fits) ne.max_seq_len = 1 << 21;  // 16 work items of 4 MiB: one 64 MiB batch before
+    Service s = Start(CoordinatorOptions{}, 1, ne);
+    auto big_client = Connect(s.endpoint, "big");
+    auto small_client = Connect(s.endpoint, "small");
+    SubmitRequest big = Group(1, 1, 16);
+    big.prompts = {std::vector<int32_t>(size_t{1} << 20, 3)};
+    big.max_tokens = 4;
+    ASSERT_TRUE(big_client->Submit(big).ok());
+    const SubmitRequest small = Group(2, 2);
+    ASSERT_TRUE(small_client->Submit(small).ok());
+    Collected cs = Collect(*small_client, 2, 60000);
+    EXPECT_TRUE(cs.done) << "an innocent group was lost with the large request";
+    EXPECT_EQ(cs.got, Reference(small));
+    Collected cb = Collect(*big_client, 1, 60000);
+    ASSERT_TRUE(cb.done) << "the large request got no answer";
+    if (fits) {
+      EXPECT_TRUE(cb.error.ok()) << cb.error.ToString();
+      EXPECT_EQ(cb.summary.trajectories, 16u);
+      EXPECT_EQ(cb.summary.errors, 0u);
+      EXPECT_EQ(cb.got.size(), 16u);
+    } else {  // refused where it arrives, with a typed error
+      EXPECT_EQ(cb.error.code(), ErrorCode::kOutOfRange) << cb.error.ToString();
+      EXPECT_TRUE(cb.got.empty());
+    }
+    const std::string weights = TempDir("large_weights");
+    {
+      std::FILE* f = std::fopen(weights.c_str(), "w");
+      ASSERT_NE(f, nullptr);
+      std::fputs("w", f);
+      std::fclose(f);
+    }
+    auto v = small_client->UpdateWeights(weights, 2, /*drain=*/true, 20000);
+    std::filesystem::remove(weights);
+    EXPECT_TRUE(v.ok()) << v.status().ToString();
+    s.coord->Stop();
+  }
+}
+
+// One group at the size limit must not hold back a small group submitted after it: within a
+// priority, dispatch takes one sample of each queued group in turn.
+TEST(ReviewDefects, LargeGroupDoesNotStarveASmallOne) {
+  NullEngineOptions slow;
+  slow.step_delay_us = 2000;
   CoordinatorOptions o;
-  Service s = Start(o, 1);
+  o.local_replica.capacity = 8;
+  Service s = Start(o, 1, slow);
   auto big_client = Connect(s.endpoint, "big");
   auto small_client = Connect(s.endpoint, "small");
-  SubmitRequest big = Group(1, 1, 16);
-  big.prompts = {std::vector<int32_t>(size_t{1} << 20, 3)};
+  SubmitRequest big = Group(1, 1, 4096);  // 8192 samples: minutes at 8 in flight
+  big.max_tokens = 16;
   ASSERT_TRUE(big_client->Submit(big).ok());
+  std::this_thread::sleep_for(50ms);
   const SubmitRequest small = Group(2, 2);
-  ASSERT_TRUE(small_client->Submit(small).ok());
-  Collected cs = Collect(*small_client, 2, 60000);
-  EXPECT_TRUE(cs.done) << "an innocent group was lost with the large request";
+  const auto t0 = std::chrono::steady_clock::now();
+  Collected cs = SubmitAndCollect(*small_client, small, 20000);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(cs.done) << "the small group waited behind the large one";
   EXPECT_EQ(cs.got, Reference(small));
-  Collected cb = Collect(*big_client, 1, 60000);
-  ASSERT_TRUE(cb.done) << "the large request got no answer";
-  // Longer than the NullEngine's context: every sample answers, with a typed error.
-  if (cb.error.ok()) {
-    EXPECT_EQ(cb.summary.trajectories, 16u);
-  }
-  const std::string weights = TempDir("large_weights");
-  {
-    std::FILE* f = std::fopen(weights.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fputs("w", f);
-    std::fclose(f);
-  }
-  auto v = small_client->UpdateWeights(weights, 2, /*drain=*/true, 20000);
-  std::filesystem::remove(weights);
-  EXPECT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_LT(waited, 10.0);
+  ASSERT_TRUE(big_client->Abort(1).ok());
+  EXPECT_TRUE(Collect(*big_client, 1).done);
   s.coord->Stop();
+}
+
+// A malformed Ack (index lists of different lengths) is refused and acknowledges nothing; it
+// used to be zipped to the shorter list.
+TEST(ReviewDefects, MalformedAckIsRefused) {
+  const std::string dir = TempDir("bad_ack");
+  Service s = Start(WalOptions(dir));
+  auto a = Connect(s.endpoint, "a");
+  const SubmitRequest q = Group(3, 3, 2);
+  ASSERT_TRUE(SubmitAndCollect(*a, q).done);
+  flatbuffers::FlatBufferBuilder fbb(128);
+  const std::vector<uint32_t> prompts = {0, 1}, samples = {0};
+  auto ack = wire::CreateAck(fbb, 3, fbb.CreateVector(prompts), fbb.CreateVector(samples));
+  FinishEnvelope(fbb, 77, wire::Message_Ack, ack.Union(), a->client_id());
+  ASSERT_TRUE(a->SendRaw(BufferView(fbb)).ok());
+  Collected bad = Collect(*a, 3, 5000);
+  EXPECT_EQ(bad.error.code(), ErrorCode::kInvalidArgument) << bad.error.ToString();
+  s.coord.reset();  // nothing was acknowledged: every trajectory comes back after a restart
+  s = Start(WalOptions(dir));
+  auto again = Connect(s.endpoint, "a");
+  EXPECT_EQ(SubmitAndCollect(*again, q).got, Reference(q));
+  s.coord->Stop();
+  std::filesystem::remove_all(dir);
 }
 
 // Defect 6b: GroupDone.cost.wal_bytes was always 0 with the WAL on.

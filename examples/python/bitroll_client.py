@@ -15,11 +15,20 @@ point at the schema when this file is used outside the source tree, and BITROLL_
     print(client.status())
 
 A Client is not thread-safe: use one per thread.
+
+Owners: every message carries the Client's `client_id` (Envelope.client_id), a string that names
+the owner of the groups it submits, acknowledges or aborts; groups are keyed by (client_id,
+group_id). Client(endpoint, client_id=None) picks a random 128-bit hex id (`client.client_id`).
+To re-attach to a group after a service restart (`--data-dir`) or after reconnecting, create the
+new Client with the same client_id and re-send the same SubmitRollouts (same group_id): it
+delivers every trajectory delivered before and not acknowledged, the rest as they finish, then
+GroupDone. Another client_id can neither see, acknowledge nor abort the group.
 """
 
 import hashlib
 import itertools
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -246,7 +255,11 @@ class Group:
 
 
 class Client:
-    def __init__(self, endpoint="tcp://127.0.0.1:5555", timeout_ms=60000, context=None):
+    def __init__(self, endpoint="tcp://127.0.0.1:5555", timeout_ms=60000, context=None,
+                 client_id=None):
+        """client_id: the owner id sent with every message (a random 128-bit hex string when
+        None); reuse it to re-attach to this client's groups (see the module docstring)."""
+        self.client_id = secrets.token_hex(16) if client_id is None else str(client_id)
         self.timeout_ms = timeout_ms
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -269,6 +282,7 @@ class Client:
         env = EnvelopeT()
         env.protocolVersion = PROTOCOL_VERSION
         env.requestId = next(self._request_ids)
+        env.clientId = self.client_id
         env.msgType = msg_type
         env.msg = obj
         b.Finish(env.Pack(b), file_identifier=b"BRL1")

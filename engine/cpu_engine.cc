@@ -8,24 +8,6 @@
 
 namespace bitroll::engine {
 
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kEos:
-      return "eos";
-    case FinishReason::kAborted:
-      return "aborted";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
 namespace {
 
 Result<kernels::AttentionKernel> ParseAttention(const std::string& s) {

@@ -86,10 +86,10 @@ class ForwardBackend {
       std::shared_ptr<const ModelWeights> weights) const = 0;
 };
 
-// Device selection (implemented in engine/model_loader.cc, which knows whether this build has
-// CUDA). CheckDevice: Ok for "cpu"; for "cuda" Ok when a usable GPU is present, else kUnsupported
-// "this build has no CUDA" or kUnavailable "no CUDA device: ..."; kInvalidArgument for any other
-// name. MakeDeviceBackend: nullptr for "cpu" (the engine builds its CPU Transformer), the CUDA
+// Device selection (engine/forward_backend.cc, which knows whether this build has CUDA).
+// CheckDevice: Ok for "cpu"; for "cuda" Ok when a usable GPU is present, else kUnsupported "this
+// build has no CUDA" or kUnavailable "no CUDA device: ..."; kInvalidArgument for any other name.
+// MakeDeviceBackend: nullptr for "cpu" (the engine builds its CPU Transformer), the CUDA
 // backend over `weights` for "cuda" (options.attention applies), or CheckDevice's error.
 Status CheckDevice(const std::string& device);
 Result<std::unique_ptr<ForwardBackend>> MakeDeviceBackend(

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "engine/model_weights.h"
-#include "engine/philox.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/philox.h"
 
 namespace bitroll::engine {
 namespace {
@@ -63,12 +63,12 @@ class Writer {
 void WriteWeights(Writer* w, uint64_t seed, int64_t count, uint64_t* next) {
   std::vector<float> buf;
   buf.reserve(1 << 16);
-  const PhiloxKey key = {uint32_t(seed), uint32_t(seed >> 32)};
+  const kernels::PhiloxKey key = {uint32_t(seed), uint32_t(seed >> 32)};
   constexpr double kScale = 0.02 * 1.7320508075688772;  // 0.02 * sqrt(3)
   for (int64_t i = 0; i < count; ++i) {
     const uint64_t idx = (*next)++;
-    const PhiloxCounter x =
-        Philox4x32_10({uint32_t(idx), uint32_t(idx >> 32), kWeightStream, 0}, key);
+    const kernels::PhiloxCounter x =
+        kernels::Philox4x32_10({uint32_t(idx), uint32_t(idx >> 32), kWeightStream, 0}, key);
     const double sum = (double(x[0]) + double(x[1]) + double(x[2]) + double(x[3])) * 0x1p-32;
     buf.push_back(float(kScale * (sum - 2.0)));
     if (buf.size() == buf.capacity()) {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "engine/loaders/llama2c.h"
-#include "engine/philox.h"
 #include "engine/tokenizers/llama2c_tokenizer.h"
+#include "kernels/cpu/philox.h"
 
 namespace bitroll::engine {
 namespace {
@@ -99,7 +99,7 @@ TEST(MakeModelTest, TinyModelLoadsAndIsReproducible) {
   EXPECT_NE(a->weights_hash, c->weights_hash);
 
   // The first embedding value is element 0 of the documented weight stream.
-  const PhiloxCounter x = Philox4x32_10({0, 0, 0x6D6F646C, 0}, {42, 0});
+  const kernels::PhiloxCounter x = kernels::Philox4x32_10({0, 0, 0x6D6F646C, 0}, {42, 0});
   const double sum = (double(x[0]) + double(x[1]) + double(x[2]) + double(x[3])) / 4294967296.0;
   const float want0 = float(0.02 * std::sqrt(3.0) * (sum - 2.0));
   EXPECT_EQ(std::memcmp(a->token_embedding.data, &want0, 4), 0);

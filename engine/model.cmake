@@ -3,18 +3,13 @@
 find_path(BITROLL_XXHASH_INCLUDE xxhash.h REQUIRED)
 find_library(BITROLL_XXHASH_LIB xxhash REQUIRED)
 
-bitroll_isa_sources(AVX2 ${CMAKE_CURRENT_LIST_DIR}/philox_avx2.cc)
-bitroll_isa_sources(AVX512 ${CMAKE_CURRENT_LIST_DIR}/philox_avx512.cc)
-
 add_library(bitroll_model STATIC
   ${CMAKE_CURRENT_LIST_DIR}/model_weights.cc
   ${CMAKE_CURRENT_LIST_DIR}/weight_update.cc
   ${CMAKE_CURRENT_LIST_DIR}/loaders/llama2c.cc
+  ${CMAKE_CURRENT_LIST_DIR}/model_loader.cc
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cc
   ${CMAKE_CURRENT_LIST_DIR}/tokenizers/llama2c_tokenizer.cc
-  ${CMAKE_CURRENT_LIST_DIR}/philox_simd.cc
-  ${CMAKE_CURRENT_LIST_DIR}/philox_avx2.cc
-  ${CMAKE_CURRENT_LIST_DIR}/philox_avx512.cc
   ${CMAKE_CURRENT_LIST_DIR}/sampler.cc
   ${CMAKE_CURRENT_LIST_DIR}/make_model.cc)
 target_include_directories(bitroll_model PUBLIC ${CMAKE_SOURCE_DIR})
@@ -28,8 +23,6 @@ set(_m ${CMAKE_CURRENT_LIST_DIR})
 bitroll_add_test(NAME engine_llama2c_test SOURCES ${_m}/loaders/llama2c_test.cc
   LIBS bitroll_model TIMEOUT 60)
 bitroll_add_test(NAME engine_tokenizer_test SOURCES ${_m}/tokenizers/llama2c_tokenizer_test.cc
-  LIBS bitroll_model TIMEOUT 60)
-bitroll_add_test(NAME engine_philox_test SOURCES ${_m}/philox_test.cc
   LIBS bitroll_model TIMEOUT 60)
 bitroll_add_test(NAME engine_sampler_test SOURCES ${_m}/sampler_test.cc
   LIBS bitroll_model TIMEOUT 60)

@@ -4,16 +4,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/cpu_engine.h"
 #include "engine/loaders/gguf.h"
 #include "engine/loaders/hf.h"
 #include "engine/loaders/llama2c.h"
 #include "engine/tokenizers/bpe_tokenizer.h"
 #include "engine/tokenizers/llama2c_tokenizer.h"
-
-#ifdef BITROLL_HAVE_CUDA
-#include "engine/cuda/cuda_transformer.h"
-#endif
 
 namespace bitroll::engine {
 
@@ -108,50 +103,6 @@ Result<std::unique_ptr<Tokenizer>> LoadTokenizerFor(const std::string& model_pat
     if (fs::exists(p, ec)) return LoadLlama2cTokenizer(p.string(), vocab_size);
   }
   return std::unique_ptr<Tokenizer>();
-}
-
-Status CheckDevice(const std::string& device) {
-  if (device == "cpu") return Status::Ok();
-  if (device != "cuda") {
-    return Status::InvalidArgument("device '" + device + "': expected cpu or cuda");
-  }
-#ifdef BITROLL_HAVE_CUDA
-  return cuda::CudaDeviceStatus(0);
-#else
-  return Status::Unsupported(
-      "device cuda: this build has no CUDA (configure with nvcc present, -DBITROLL_CUDA=ON)");
-#endif
-}
-
-Result<std::unique_ptr<ForwardBackend>> MakeDeviceBackend(
-    const EngineOptions& options, std::shared_ptr<const ModelWeights> weights) {
-  BR_RETURN_IF_ERROR(CheckDevice(options.device));
-  if (options.device == "cpu") return std::unique_ptr<ForwardBackend>();
-#ifdef BITROLL_HAVE_CUDA
-  cuda::CudaTransformerOptions co;
-  if (options.attention == "single") co.attention = kernels::AttentionKernel::kSingle;
-  if (options.attention == "split") co.attention = kernels::AttentionKernel::kSplit;
-  BR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaTransformer> t,
-                      cuda::CudaTransformer::Create(std::move(weights), co));
-  return std::unique_ptr<ForwardBackend>(std::move(t));
-#else
-  (void)weights;
-  return Status::Internal("unreachable: CheckDevice accepted cuda without CUDA");
-#endif
-}
-
-Result<std::unique_ptr<Engine>> OpenEngine(const EngineOptions& options) {
-  // The device first: a wrong or absent device fails fast, before the model is read.
-  BR_RETURN_IF_ERROR(CheckDevice(options.device));
-  BR_ASSIGN_OR_RETURN(ModelWeights w, LoadModelWeights(options.model_path));
-  CpuEngineParts parts;
-  BR_ASSIGN_OR_RETURN(parts.tokenizer, LoadTokenizerFor(options.model_path, options.tokenizer_path,
-                                                        w.config.vocab_size));
-  parts.weights = std::make_shared<const ModelWeights>(std::move(w));
-  parts.options = options;
-  BR_ASSIGN_OR_RETURN(parts.backend, MakeDeviceBackend(options, parts.weights));
-  BR_ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> e, CpuEngine::Create(std::move(parts)));
-  return std::unique_ptr<Engine>(std::move(e));
 }
 
 }  // namespace bitroll::engine

@@ -6,7 +6,8 @@ add_library(bitroll_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cc
   ${CMAKE_CURRENT_LIST_DIR}/scheduler.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu_engine.cc
-  ${CMAKE_CURRENT_LIST_DIR}/model_loader.cc
+  ${CMAKE_CURRENT_LIST_DIR}/forward_backend.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl_weights.cc)
 target_include_directories(bitroll_engine PUBLIC ${CMAKE_SOURCE_DIR})
 target_include_directories(bitroll_engine PRIVATE ${BITROLL_XXHASH_INCLUDE})

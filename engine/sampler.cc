@@ -14,10 +14,10 @@
 #include <immintrin.h>
 #endif
 
-#include "engine/philox.h"
-#include "engine/philox_simd.h"
 #include "kernels/cpu/math.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/philox.h"
+#include "kernels/cpu/philox_simd.h"
 
 namespace bitroll::engine {
 namespace {
@@ -232,24 +232,25 @@ SampleResult Sampler::Sample(const float* logits, int32_t vocab, const SamplingP
     if (scaled[id] > scaled[start] || (scaled[id] == scaled[start] && id < start)) start = id;
   }
   int32_t best_id = start;
-  double best = double(scaled[start]) + GumbelNoise(p.seed, sample_index, position, start);
+  double best = double(scaled[start]) + kernels::GumbelNoise(p.seed, sample_index, position, start);
   // Ids that can still win against the first score (the noise is below kMaxGumbel); their
   // uniforms are drawn in blocks, then each is pruned by GumbelUpperBound before any logarithm.
   cand_ids_.clear();
   for (int32_t id : kept_) {
-    if (id != start && !(double(scaled[id]) + kMaxGumbel < best)) cand_ids_.push_back(id);
+    if (id != start && !(double(scaled[id]) + kernels::kMaxGumbel < best)) cand_ids_.push_back(id);
   }
   constexpr int64_t kBlock = 256;
   double u[kBlock];
   const int64_t n_cand = int64_t(cand_ids_.size());
   for (int64_t b = 0; b < n_cand; b += kBlock) {
     const int64_t len = std::min(kBlock, n_cand - b);
-    UniformOpenBatchIsa(isa_, p.seed, sample_index, position, cand_ids_.data() + b, len, u);
+    kernels::UniformOpenBatchIsa(isa_, p.seed, sample_index, position, cand_ids_.data() + b, len,
+                                 u);
     for (int64_t j = 0; j < len; ++j) {
       const int32_t id = cand_ids_[size_t(b + j)];
       const double v = double(scaled[id]);
-      if (v + GumbelUpperBound(u[j]) < best) continue;  // exact pruning, no logarithm
-      const double s = v + GumbelFromUniform(u[j]);     // == v + GumbelNoise(..., id)
+      if (v + kernels::GumbelUpperBound(u[j]) < best) continue;  // exact pruning, no logarithm
+      const double s = v + kernels::GumbelFromUniform(u[j]);     // == v + GumbelNoise(..., id)
       if (s > best || (s == best && id < best_id)) {
         best = s;
         best_id = id;

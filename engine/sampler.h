@@ -10,8 +10,9 @@
 //      added in that order, is >= top_p (all of K if it never gets there).
 //   5. min-p (min_p > 0): keep the ids with p_i >= min_p * max_i p_i (fp32 multiply).
 //   6. Gumbel-max in fp64 over the survivors: argmax of (double)scaled[i] + g_i with
-//      g_i = GumbelNoise(seed, sample_index, position, i) (engine/philox.h); ties to the lowest
-//      id. Noise is computed only for surviving ids, which is exact because it is keyed per id.
+//      g_i = GumbelNoise(seed, sample_index, position, i) (kernels/cpu/philox.h); ties to the
+//      lowest id. Noise is computed only for surviving ids, which is exact because it is keyed per
+//      id.
 // The returned logprob is log-softmax of the temperature-scaled FULL distribution at the chosen id
 // (T == 0 scores at T == 1), with kernels::LogSoftmax's formula and bits:
 //   (scaled[id] - M) - Log(SumExpShifted(scaled, vocab, M)),  M = MaxValue(scaled, vocab).
@@ -23,7 +24,7 @@
 // heap in (p desc, id asc) order until the sum reaches top_p, and falls back to all of K only if
 // it never does; the order is total, so the result is the same set either way. Gumbel-max skips
 // ids whose logit + kMaxGumbel is below the first score, draws the other ids' uniforms in blocks
-// (SIMD Philox, engine/philox_simd.h), and skips an id without a logarithm when its logit +
+// (SIMD Philox, kernels/cpu/philox_simd.h), and skips an id without a logarithm when its logit +
 // GumbelUpperBound(u) is below the best score so far. Every shortcut is exact.
 // Measured on this 2-core dev box (loaded, +-30%), vocab 32000, N(0, 3) logits, AVX-512:
 // greedy ~15 us, T=1 no filters ~200-250 us, T=0.8 top-p 0.9 ~230 us, top-k 40 ~130 us,

@@ -11,10 +11,10 @@
 #include <random>
 #include <vector>
 
-#include "engine/philox.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/math.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/philox.h"
 
 namespace bitroll::engine {
 namespace {
@@ -201,7 +201,8 @@ TEST(SamplerTest, SampleIsGumbelMaxOverKeptIds) {
     int32_t want = -1;
     double best = -std::numeric_limits<double>::infinity();
     for (int32_t id : kept) {
-      const double v = double(logits[id] / p.temperature) + GumbelNoise(p.seed, 2, 17 + trial, id);
+      const double v =
+          double(logits[id] / p.temperature) + kernels::GumbelNoise(p.seed, 2, 17 + trial, id);
       if (v > best) best = v, want = id;
     }
     EXPECT_EQ(s.Sample(logits.data(), n, p, 2, 17 + trial).token, want);

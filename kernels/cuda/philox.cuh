@@ -1,7 +1,8 @@
-// Philox4x32-10 and the fp64 Gumbel noise on the GPU: the SAME functions as engine/philox.h
+// Philox4x32-10 and the fp64 Gumbel noise on the GPU: the SAME functions as kernels/cpu/philox.h
 // (UniformOpen, Log64, GumbelNoise), bit for bit. Plain IEEE fp64 operations written as _rn
-// intrinsics (never contracted into an FMA), exactly the operation sequence of engine/philox.h.
-// The tests compare every output with engine/philox.h on the host with memcmp.
+// intrinsics (never contracted into an FMA), exactly the operation sequence of
+// kernels/cpu/philox.h. The tests compare every output with kernels/cpu/philox.h on the host with
+// memcmp.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +29,7 @@ __device__ __forceinline__ void DevPhilox4x32_10(uint32_t c[4], uint32_t k0, uin
   }
 }
 
-// engine/philox.h UniformOpen: u in [2^-53, 1 - 2^-53].
+// kernels/cpu/philox.h UniformOpen: u in [2^-53, 1 - 2^-53].
 __device__ __forceinline__ double DevUniformOpen(uint64_t seed, uint32_t sample_index,
                                                  int64_t position, int32_t token) {
   const uint64_t pos = static_cast<uint64_t>(position);
@@ -39,7 +40,7 @@ __device__ __forceinline__ double DevUniformOpen(uint64_t seed, uint32_t sample_
   return __dmul_rn(__dadd_rn(static_cast<double>(m), 0.5), 0x1p-52);
 }
 
-// engine/philox.h Log64.
+// kernels/cpu/philox.h Log64.
 __device__ __forceinline__ double DevLog64(double x) {
   if (!(x > 0.0)) {
     if (x == 0.0) return __longlong_as_double(static_cast<long long>(0xFFF0000000000000ull));

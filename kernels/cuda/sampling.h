@@ -7,10 +7,10 @@
 //   else: scaled[i] = logits[i] / T (one fp32 divide); token = argmax over i of
 //     (double)scaled[i] + GumbelNoise(seed, sample_index, position, i), ties to the lowest id;
 //     logprob = (scaled[id] - M) - Log(sum_i Exp(scaled[i] - M)), M = max scaled.
-// The Philox stream and the fp64 Gumbel noise are bit-identical to engine/philox.h, the division
-// and the fp64 add are IEEE, and the argmax is exact, so the TOKEN equals the CPU sampler's for
-// the same inputs. The logprob uses the GPU's fixed CTA reduction order (kernels/cuda/ops.h), so
-// it agrees with the CPU within a few ulp, and is batch-invariant bitwise.
+// The Philox stream and the fp64 Gumbel noise are bit-identical to kernels/cpu/philox.h, the
+// division and the fp64 add are IEEE, and the argmax is exact, so the TOKEN equals the CPU
+// sampler's for the same inputs. The logprob uses the GPU's fixed CTA reduction order
+// (kernels/cuda/ops.h), so it agrees with the CPU within a few ulp, and is batch-invariant bitwise.
 // top-k / top-p / min-p are not implemented on the GPU yet: callers must keep such requests on
 // the CPU sampler (CudaSamplingSupported says which).
 #pragma once
@@ -38,7 +38,7 @@ cudaError_t CudaSample(const float* logits, int64_t rows, int32_t vocab,
                        cudaStream_t stream);
 
 // Test hook: for each query i (device arrays), uniform[i] = UniformOpen(...) and gumbel[i] =
-// GumbelNoise(...) of engine/philox.h, computed on the device.
+// GumbelNoise(...) of kernels/cpu/philox.h, computed on the device.
 struct CudaPhiloxQuery {
   uint64_t seed = 0;
   int64_t position = 0;

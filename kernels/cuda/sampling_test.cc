@@ -1,6 +1,6 @@
-// GPU tests of the sampler: Philox / Gumbel noise bit-identical to engine/philox.h, greedy ties,
-// temperature sampling giving the CPU semantics' token, 1000 identical rows -> 1 unique output,
-// and batch invariance. Each test skips loudly without a CUDA device.
+// GPU tests of the sampler: Philox / Gumbel noise bit-identical to kernels/cpu/philox.h, greedy
+// ties, temperature sampling giving the CPU semantics' token, 1000 identical rows -> 1 unique
+// output, and batch invariance. Each test skips loudly without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/philox.h"  // header-only: the CPU definition the GPU must match bit for bit
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/philox.h"  // header-only: the CPU definition the GPU must match bit for bit
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/test_util.h"
 
@@ -51,7 +51,7 @@ int32_t CpuToken(const float* logits, int32_t vocab, const CudaSampleRow& r) {
   double best = -INFINITY;
   for (int32_t i = 0; i < vocab; ++i) {
     const double s = double(logits[i] / r.temperature) +
-                     engine::GumbelNoise(r.seed, r.sample_index, r.position, i);
+                     kernels::GumbelNoise(r.seed, r.sample_index, r.position, i);
     if (s > best) {
       best = s;
       best_id = i;
@@ -93,9 +93,9 @@ TEST(CudaSamplingTest, PhiloxAndGumbelBitIdenticalToCpu) {
   const auto g = gd.Download();
   for (size_t i = 0; i < qs.size(); ++i) {
     const double cu =
-        engine::UniformOpen(qs[i].seed, qs[i].sample_index, qs[i].position, qs[i].token);
+        kernels::UniformOpen(qs[i].seed, qs[i].sample_index, qs[i].position, qs[i].token);
     const double cg =
-        engine::GumbelNoise(qs[i].seed, qs[i].sample_index, qs[i].position, qs[i].token);
+        kernels::GumbelNoise(qs[i].seed, qs[i].sample_index, qs[i].position, qs[i].token);
     ASSERT_EQ(std::memcmp(&u[i], &cu, sizeof(double)), 0) << "uniform " << i;
     ASSERT_EQ(std::memcmp(&g[i], &cg, sizeof(double)), 0) << "gumbel " << i;
   }

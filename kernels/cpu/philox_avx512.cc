@@ -1,5 +1,5 @@
-// engine/philox_avx512.cc: UniformOpenBatch, 8 tokens per 512-bit vector (see philox_simd.h).
-// Compiled with the AVX-512 flags; entered only when kernels::IsaSupported(Isa::kAvx512).
+// kernels/cpu/philox_avx512.cc: UniformOpenBatch, 8 tokens per 512-bit vector (see philox_simd.h).
+// Compiled with the AVX-512 flags; entered only when IsaSupported(Isa::kAvx512).
 // GCC 12 emits false -Wmaybe-uninitialized warnings from inside its own intrinsic headers
 // (the _mm*_undefined_* idiom); silence them for this file only.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -7,10 +7,10 @@
 
 #include <immintrin.h>
 
-#include "engine/philox.h"
-#include "engine/philox_simd.h"
+#include "kernels/cpu/philox.h"
+#include "kernels/cpu/philox_simd.h"
 
-namespace bitroll::engine {
+namespace bitroll::kernels {
 
 void UniformOpenBatchAvx512(uint64_t seed, uint32_t sample_index, int64_t position,
                             const int32_t* tokens, int64_t n, double* out) {
@@ -54,4 +54,4 @@ void UniformOpenBatchAvx512(uint64_t seed, uint32_t sample_index, int64_t positi
   for (int64_t j = n8; j < n; ++j) out[j] = UniformOpen(seed, sample_index, position, tokens[j]);
 }
 
-}  // namespace bitroll::engine
+}  // namespace bitroll::kernels

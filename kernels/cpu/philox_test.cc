@@ -1,5 +1,5 @@
 // Tests for the counter-based sampling noise: Philox known answers, UniformOpen, Log64.
-#include "engine/philox.h"
+#include "kernels/cpu/philox.h"
 
 #include <cstdio>
 
@@ -10,10 +10,10 @@
 #include <random>
 #include <vector>
 
-#include "engine/philox_simd.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/philox_simd.h"
 
-namespace bitroll::engine {
+namespace bitroll::kernels {
 namespace {
 
 // Known-answer vectors from Random123's kat_vectors (the three "philox4x32 10" lines):
@@ -185,10 +185,9 @@ TEST(PhiloxTest, SimdBatchEqualsScalarOnEveryIsa) {
   UniformOpenBatch(0x0123456789ABCDEFull, 77, (int64_t(9) << 32) + 5, tokens.data(), n,
                    want.data());
   int tested = 0;
-  for (kernels::Isa isa : {kernels::Isa::kScalar, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
-    if (!kernels::IsaSupported(isa)) {
-      std::printf("note: %s not supported here; its path is compiled but not run\n",
-                  kernels::IsaName(isa));
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) {
+      std::printf("note: %s not supported here; its path is compiled but not run\n", IsaName(isa));
       continue;
     }
     for (int64_t len : {n, n - 1, int64_t(7), int64_t(3), int64_t(0)}) {
@@ -196,7 +195,7 @@ TEST(PhiloxTest, SimdBatchEqualsScalarOnEveryIsa) {
       UniformOpenBatchIsa(isa, 0x0123456789ABCDEFull, 77, (int64_t(9) << 32) + 5, tokens.data(),
                           len, got.data());
       ASSERT_EQ(std::memcmp(got.data(), want.data(), size_t(len) * sizeof(double)), 0)
-          << kernels::IsaName(isa) << " len " << len;
+          << IsaName(isa) << " len " << len;
       if (len < n) {
         EXPECT_EQ(got[size_t(len)], -1.0);  // writes nothing past n
       }
@@ -207,4 +206,4 @@ TEST(PhiloxTest, SimdBatchEqualsScalarOnEveryIsa) {
 }
 
 }  // namespace
-}  // namespace bitroll::engine
+}  // namespace bitroll::kernels

@@ -1,6 +1,7 @@
-// engine/philox.h: the sampling noise. Counter-based and stateless: every random number is a pure
-// function of (seed, sample_index, position, token), so replay and resume need no RNG state and
-// the noise never depends on batch composition or arrival order.
+// kernels/cpu/philox.h: the sampling noise. Counter-based and stateless: every random number is a
+// pure function of (seed, sample_index, position, token), so replay and resume need no RNG state
+// and the noise never depends on batch composition or arrival order. The CUDA twin is
+// kernels/cuda/philox.cuh (the same bits, checked by kernels_cuda_sampling_test).
 //
 //   Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3",
 //   SC'11; Random123): 10 rounds of
@@ -24,7 +25,7 @@
 //   Relative error < 1e-15 over (0, inf).
 //
 // UniformOpenBatch draws the uniforms of many tokens at once (bit-identical to UniformOpen);
-// engine/philox_simd.h has its AVX2 / AVX-512 twins.
+// kernels/cpu/philox_simd.h has its AVX2 / AVX-512 twins.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -34,7 +35,7 @@
 #include <cstdint>
 #include <limits>
 
-namespace bitroll::engine {
+namespace bitroll::kernels {
 
 inline constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
 inline constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
@@ -175,4 +176,4 @@ inline double GumbelUpperBound(double u) {
   return 0.6931471805599453 * double(-e) + 1e-9;
 }
 
-}  // namespace bitroll::engine
+}  // namespace bitroll::kernels

@@ -1,5 +1,5 @@
-// engine/philox_avx2.cc: UniformOpenBatch, 4 tokens per 256-bit vector (see philox_simd.h).
-// Compiled with -mavx2 -mfma; entered only when kernels::IsaSupported(Isa::kAvx2).
+// kernels/cpu/philox_avx2.cc: UniformOpenBatch, 4 tokens per 256-bit vector (see philox_simd.h).
+// Compiled with -mavx2 -mfma; entered only when IsaSupported(Isa::kAvx2).
 // GCC 12 emits false -Wmaybe-uninitialized warnings from inside its own intrinsic headers
 // (the _mm*_undefined_* idiom); silence them for this file only.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -7,10 +7,10 @@
 
 #include <immintrin.h>
 
-#include "engine/philox.h"
-#include "engine/philox_simd.h"
+#include "kernels/cpu/philox.h"
+#include "kernels/cpu/philox_simd.h"
 
-namespace bitroll::engine {
+namespace bitroll::kernels {
 
 void UniformOpenBatchAvx2(uint64_t seed, uint32_t sample_index, int64_t position,
                           const int32_t* tokens, int64_t n, double* out) {
@@ -56,4 +56,4 @@ void UniformOpenBatchAvx2(uint64_t seed, uint32_t sample_index, int64_t position
   for (int64_t j = n4; j < n; ++j) out[j] = UniformOpen(seed, sample_index, position, tokens[j]);
 }
 
-}  // namespace bitroll::engine
+}  // namespace bitroll::kernels

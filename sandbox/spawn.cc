@@ -224,36 +224,43 @@ void CloseParked(ParkedHelper* h) {
   *h = ParkedHelper{};
 }
 
-SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
-  SpawnOutcome o;
-  SigpipeGuard sigpipe_guard;
+namespace {
+
+// The pipes of one run: the child's stdin, stdout, stderr, the helper's status pipe (fd 3) and
+// the optional extra pipe (SpawnSpec::extra_fd). *_r is the read end, *_w the write end.
+struct RunPipes {
   Fd in_r, in_w, out_r, out_w, err_r, err_w, st_r, st_w, ex_r, ex_w;
-  if (!MakePipe(&in_r, &in_w) || !MakePipe(&out_r, &out_w) || !MakePipe(&err_r, &err_w) ||
-      !MakePipe(&st_r, &st_w) || (spec.extra_fd >= 0 && !MakePipe(&ex_r, &ex_w))) {
-    o.start_error = std::string("pipe2: ") + std::strerror(errno);
-    if (spec.parked != nullptr) CloseParked(spec.parked);
-    return o;
+
+  bool Open(bool extra) {
+    return MakePipe(&in_r, &in_w) && MakePipe(&out_r, &out_w) && MakePipe(&err_r, &err_w) &&
+           MakePipe(&st_r, &st_w) && (!extra || MakePipe(&ex_r, &ex_w));
   }
+};
+
+// Starts the helper (posix_spawn, or the request handed to spec.parked) on the child ends of
+// `pp`, then closes those ends here, sets *pid and *pidfd (-1 without pidfd_open) and makes the
+// parent ends non-blocking. *start is the run's start time. Returns false with o->start_error
+// (and o->parked_lost for a parked helper that did not take the request) when nothing started.
+bool StartHelper(const SpawnSpec& spec, RunPipes* pp, Clock::time_point* start, pid_t* pid,
+                 Fd* pidfd, SpawnOutcome* o) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in_r.fd, 0);
-  posix_spawn_file_actions_adddup2(&fa, out_w.fd, 1);
-  posix_spawn_file_actions_adddup2(&fa, err_w.fd, 2);
-  posix_spawn_file_actions_adddup2(&fa, st_w.fd, 3);
-  if (spec.extra_fd >= 0) posix_spawn_file_actions_adddup2(&fa, ex_w.fd, spec.extra_fd);
+  posix_spawn_file_actions_adddup2(&fa, pp->in_r.fd, 0);
+  posix_spawn_file_actions_adddup2(&fa, pp->out_w.fd, 1);
+  posix_spawn_file_actions_adddup2(&fa, pp->err_w.fd, 2);
+  posix_spawn_file_actions_adddup2(&fa, pp->st_w.fd, 3);
+  if (spec.extra_fd >= 0) posix_spawn_file_actions_adddup2(&fa, pp->ex_w.fd, spec.extra_fd);
   posix_spawnattr_t attr;
   InitHelperSpawnAttr(&attr);
 
   std::vector<char*> argv = ArgvPointers(spec.argv);
   char* envp[] = {nullptr};
-  const auto start = Clock::now();
-  pid_t pid = -1;
+  *start = Clock::now();
   int rc = 0;
-  Fd pidfd;
   if (spec.parked != nullptr) {
     ParkedHelper* h = spec.parked;
-    std::vector<int> fds = {in_r.fd, out_w.fd, err_w.fd, st_w.fd};
-    if (spec.extra_fd >= 0) fds.push_back(ex_w.fd);
+    std::vector<int> fds = {pp->in_r.fd, pp->out_w.fd, pp->err_w.fd, pp->st_w.fd};
+    if (spec.extra_fd >= 0) fds.push_back(pp->ex_w.fd);
     std::string err = SendRequest(*h, spec.argv, fds);
     close(h->sock);
     h->sock = -1;
@@ -261,33 +268,40 @@ SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
       CloseParked(h);
       posix_spawn_file_actions_destroy(&fa);
       posix_spawnattr_destroy(&attr);
-      o.start_error = err;
-      o.parked_lost = true;
-      return o;
+      o->start_error = err;
+      o->parked_lost = true;
+      return false;
     }
-    pid = h->pid;
-    pidfd.fd = h->pidfd;
-    *h = ParkedHelper{};  // ours now: reaped below
+    *pid = h->pid;
+    pidfd->fd = h->pidfd;
+    *h = ParkedHelper{};  // ours now: reaped by the caller
   } else {
-    rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), envp);
+    rc = posix_spawn(pid, argv[0], &fa, &attr, argv.data(), envp);
   }
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
-  in_r.Close();
-  out_w.Close();
-  err_w.Close();
-  st_w.Close();
-  ex_w.Close();
+  pp->in_r.Close();
+  pp->out_w.Close();
+  pp->err_w.Close();
+  pp->st_w.Close();
+  pp->ex_w.Close();
   if (rc != 0) {
-    o.start_error = "posix_spawn " + spec.argv[0] + ": " + std::strerror(rc);
-    return o;
+    o->start_error = "posix_spawn " + spec.argv[0] + ": " + std::strerror(rc);
+    return false;
   }
-  if (spec.parked == nullptr) pidfd.fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  for (int fd : {in_w.fd, out_r.fd, err_r.fd, ex_r.fd}) {
+  if (spec.parked == nullptr) pidfd->fd = static_cast<int>(syscall(SYS_pidfd_open, *pid, 0));
+  for (int fd : {pp->in_w.fd, pp->out_r.fd, pp->err_r.fd, pp->ex_r.fd}) {
     if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   }
-  if (spec.stdin_data.empty()) in_w.Close();
+  if (spec.stdin_data.empty()) pp->in_w.Close();
+  return true;
+}
 
+// Feeds stdin and reads the outputs until the helper has exited and its pipes are closed (or a
+// 200 ms grace after its exit), enforcing the wall-time and output limits. Returns whether the run
+// was killed (timeout or output overflow).
+bool WatchRun(const SpawnSpec& spec, RunPipes* pp, pid_t pid, int pidfd, Clock::time_point start,
+              SpawnOutcome* o) {
   // Kills the tool and everything it started, but not the helper: the helper reaps them and
   // then exits. If it has not within 3 s, it is killed too.
   auto helper_deadline = Clock::time_point::max();
@@ -298,10 +312,12 @@ SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
   };
   const auto deadline =
       start + std::chrono::microseconds(static_cast<int64_t>(spec.wall_seconds * 1e6));
+  Fd& in_w = pp->in_w;
+  const int out_r = pp->out_r.fd, err_r = pp->err_r.fd, ex_r = pp->ex_r.fd;
   size_t stdin_off = 0;
   bool child_done = false;
   bool killed = false;
-  bool out_open = true, err_open = true, ex_open = ex_r.fd >= 0;
+  bool out_open = true, err_open = true, ex_open = ex_r >= 0;
   auto grace_end = Clock::time_point::max();
   while (true) {
     if (child_done && ((!out_open && !err_open && !ex_open) || Clock::now() >= grace_end)) break;
@@ -309,14 +325,14 @@ SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
     int n = 0;
     int i_in = -1, i_out = -1, i_err = -1, i_ex = -1, i_pid = -1;
     if (in_w.fd >= 0 && !child_done) p[i_in = n++] = {in_w.fd, POLLOUT, 0};
-    if (out_open) p[i_out = n++] = {out_r.fd, POLLIN, 0};
-    if (err_open) p[i_err = n++] = {err_r.fd, POLLIN, 0};
-    if (ex_open) p[i_ex = n++] = {ex_r.fd, POLLIN, 0};
-    if (!child_done && pidfd.fd >= 0) p[i_pid = n++] = {pidfd.fd, POLLIN, 0};
+    if (out_open) p[i_out = n++] = {out_r, POLLIN, 0};
+    if (err_open) p[i_err = n++] = {err_r, POLLIN, 0};
+    if (ex_open) p[i_ex = n++] = {ex_r, POLLIN, 0};
+    if (!child_done && pidfd >= 0) p[i_pid = n++] = {pidfd, POLLIN, 0};
     auto now = Clock::now();
     auto until = child_done ? grace_end : (killed ? helper_deadline : deadline);
     int timeout_ms;
-    if (!child_done && pidfd.fd < 0) {
+    if (!child_done && pidfd < 0) {
       timeout_ms = 2;  // no pidfd: poll the child with waitid
     } else {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1;
@@ -324,7 +340,7 @@ SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
     }
     int pr = poll(p, n, timeout_ms);
     if (pr < 0 && errno != EINTR) {
-      // Cannot watch the run any more: end it so the wait4 below returns.
+      // Cannot watch the run any more: end it so the wait4 of the caller returns.
       if (!child_done) {
         kill_all();
         kill(pid, SIGKILL);
@@ -340,22 +356,22 @@ SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
       }
     }
     if (i_out >= 0 && p[i_out].revents) {
-      out_open = Drain(out_r.fd, &o.out, spec.max_stdout, &o.out_truncated, &o.output_overflow);
+      out_open = Drain(out_r, &o->out, spec.max_stdout, &o->out_truncated, &o->output_overflow);
     }
     if (i_err >= 0 && p[i_err].revents) {
-      err_open = Drain(err_r.fd, &o.err, spec.max_stderr, &o.err_truncated, &o.output_overflow);
+      err_open = Drain(err_r, &o->err, spec.max_stderr, &o->err_truncated, &o->output_overflow);
     }
     if (i_ex >= 0 && p[i_ex].revents) {
       bool t = false, f = false;
-      ex_open = Drain(ex_r.fd, &o.extra, 1 << 16, &t, &f);
+      ex_open = Drain(ex_r, &o->extra, 1 << 16, &t, &f);
     }
-    if (o.output_overflow && !killed) {
+    if (o->output_overflow && !killed) {
       killed = true;
       kill_all();
     }
     bool exited_now = false;
     if (!child_done) {
-      if (pidfd.fd >= 0) {
+      if (pidfd >= 0) {
         exited_now = i_pid >= 0 && (p[i_pid].revents & POLLIN);
       } else {
         siginfo_t si = {};
@@ -369,7 +385,7 @@ SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
       grace_end = Clock::now() + std::chrono::milliseconds(200);
       in_w.Close();
     } else if (!child_done && Clock::now() >= deadline && !killed) {
-      o.timed_out = true;
+      o->timed_out = true;
       killed = true;
       kill_all();
     } else if (!child_done && Clock::now() >= helper_deadline) {
@@ -377,36 +393,61 @@ SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
       helper_deadline = Clock::time_point::max();
     }
   }
+  return killed;
+}
+
+// Reaps the helper and fills the outcome: exit status, resource usage, and the status pipe
+// (`st_r`), which is empty when the helper exec'd the command.
+void ReapHelper(const SpawnSpec& spec, pid_t pid, bool killed, Clock::time_point start, int st_r,
+                SpawnOutcome* o) {
   struct rusage ru = {};
   int status = 0;
   while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
   }
-  o.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  o->wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (spec.sweep_uid != 0 && !WIFEXITED(status) && WTERMSIG(status) == SIGKILL && killed) {
     SweepUid(spec.argv[0], spec.sweep_uid);  // the helper may have died before its sweep
   }
   if (WIFEXITED(status)) {
-    o.exited = true;
-    o.exit_code = WEXITSTATUS(status);
+    o->exited = true;
+    o->exit_code = WEXITSTATUS(status);
   } else if (WIFSIGNALED(status)) {
-    o.term_signal = WTERMSIG(status);
+    o->term_signal = WTERMSIG(status);
   }
-  o.cpu_seconds = Seconds(ru.ru_utime) + Seconds(ru.ru_stime);
-  o.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
-  // The status pipe: empty means the helper exec'd the command.
+  o->cpu_seconds = Seconds(ru.ru_utime) + Seconds(ru.ru_stime);
+  o->max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   std::string st;
   char buf[1024];
   for (;;) {
-    ssize_t r = read(st_r.fd, buf, sizeof(buf));
+    ssize_t r = read(st_r, buf, sizeof(buf));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
     st.append(buf, static_cast<size_t>(r));
   }
   if (!st.empty()) {
-    o.start_error = st;
+    o->start_error = st;
+    return;
+  }
+  o->started = true;
+}
+
+}  // namespace
+
+SpawnOutcome SpawnAndWait(const SpawnSpec& spec) {
+  SpawnOutcome o;
+  SigpipeGuard sigpipe_guard;
+  RunPipes pp;
+  if (!pp.Open(spec.extra_fd >= 0)) {
+    o.start_error = std::string("pipe2: ") + std::strerror(errno);
+    if (spec.parked != nullptr) CloseParked(spec.parked);
     return o;
   }
-  o.started = true;
+  Clock::time_point start;
+  pid_t pid = -1;
+  Fd pidfd;
+  if (!StartHelper(spec, &pp, &start, &pid, &pidfd, &o)) return o;
+  const bool killed = WatchRun(spec, &pp, pid, pidfd.fd, start, &o);
+  ReapHelper(spec, pid, killed, start, pp.st_r.fd, &o);
   return o;
 }
 

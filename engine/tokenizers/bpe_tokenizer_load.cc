@@ -177,18 +177,13 @@ std::string ConfigToken(const Json& cfg, const char* key) {
   return "";
 }
 
-Result<std::unique_ptr<Tokenizer>> ParseImpl(std::string_view json, std::string_view config_json,
-                                             int32_t expected_vocab_size,
-                                             const BpeTokenizerOptions& options) {
-  if (expected_vocab_size < 0) {
-    return Status::InvalidArgument("expected_vocab_size must be >= 0, got " +
-                                   std::to_string(expected_vocab_size));
-  }
-  // model.vocab and model.merges are the bulk of the file (100k+ entries each): they are taken
-  // out of the token stream as the parser meets them rather than built into the DOM, which
-  // halves the load time. Entries of an unexpected shape stay in the DOM and are reported below.
-  std::vector<std::pair<std::string, Json>> vocab_entries;
-  std::vector<Json> merge_entries;
+// Parses tokenizer.json. model.vocab and model.merges are the bulk of the file (100k+ entries
+// each): they are taken out of the token stream as the parser meets them rather than built into
+// the DOM, which halves the load time. Entries of an unexpected shape stay in the DOM and are
+// reported by ParseVocab / ParseMerges.
+Result<Json> ParseRoot(std::string_view json,
+                       std::vector<std::pair<std::string, Json>>* vocab_entries,
+                       std::vector<Json>* merge_entries) {
   std::string keys[4];  // the current object key at depth 1..3
   const Json::parser_callback_t capture = [&](int depth, Json::parse_event_t event, Json& parsed) {
     using E = Json::parse_event_t;
@@ -199,15 +194,15 @@ Result<std::unique_ptr<Tokenizer>> ParseImpl(std::string_view json, std::string_
     }
     if (in_model && keys[2] == "vocab") {
       if (event == E::value) {
-        vocab_entries.emplace_back(keys[3], std::move(parsed));  // non-integers reported below
+        vocab_entries->emplace_back(keys[3], std::move(parsed));  // non-integers reported later
       } else if (event == E::object_start || event == E::array_start) {
-        vocab_entries.emplace_back(keys[3], Json());  // a structured id: reported below
+        vocab_entries->emplace_back(keys[3], Json());  // a structured id: reported later
       }
       return false;
     }
     if (in_model && keys[2] == "merges" &&
         (event == E::value || (event == E::array_end && parsed.size() == 2))) {
-      merge_entries.push_back(std::move(parsed));
+      merge_entries->push_back(std::move(parsed));
       return false;
     }
     return true;
@@ -216,9 +211,12 @@ Result<std::unique_ptr<Tokenizer>> ParseImpl(std::string_view json, std::string_
   if (root.is_discarded() || !root.is_object()) {
     return Status::Corruption("not a JSON object (malformed JSON)");
   }
-  auto model_it = root.find("model");
-  if (model_it == root.end() || !model_it->is_object()) return Status::Corruption("no model");
-  const Json& model = *model_it;
+  return root;
+}
+
+// The model's type and options, the normalizer, pre-tokenizer, decoder and post-processor: fills
+// bm->ignore_merges and bm->steps, and the post-processor's BOS into *template_bos.
+Status ParsePipeline(const Json& root, const Json& model, BpeModel* bm, std::string* template_bos) {
   const std::string model_type = TypeOf(model);
   if (model_type != "BPE") {
     return Status::Unsupported("model type \"" + model_type + "\" (supported: BPE)");
@@ -230,12 +228,11 @@ Result<std::unique_ptr<Tokenizer>> ParseImpl(std::string_view json, std::string_
     std::string v;
     if (!OptString(model, key, &v) || !v.empty()) return Status::Unsupported(std::string(key));
   }
-  BpeModel bm;
-  bm.ignore_merges = OptBool(model, "ignore_merges", false);
+  bm->ignore_merges = OptBool(model, "ignore_merges", false);
   BR_RETURN_IF_ERROR(ParseNormalizer(root.value("normalizer", Json())));
   const Json pre = root.value("pre_tokenizer", Json());
-  if (!pre.is_null()) BR_RETURN_IF_ERROR(ParsePreTokenizer(pre, &bm.steps));
-  if (std::none_of(bm.steps.begin(), bm.steps.end(),
+  if (!pre.is_null()) BR_RETURN_IF_ERROR(ParsePreTokenizer(pre, &bm->steps));
+  if (std::none_of(bm->steps.begin(), bm->steps.end(),
                    [](const PreStep& s) { return s.byte_level; })) {
     return Status::Unsupported("pre_tokenizer has no ByteLevel step: not a byte-level BPE");
   }
@@ -243,46 +240,52 @@ Result<std::unique_ptr<Tokenizer>> ParseImpl(std::string_view json, std::string_
   if (!decoder.is_null() && TypeOf(decoder) != "ByteLevel") {
     return Status::Unsupported("decoder \"" + TypeOf(decoder) + "\" (supported: ByteLevel)");
   }
-  std::string template_bos;
-  BR_RETURN_IF_ERROR(ParsePostProcessor(root.value("post_processor", Json()), &template_bos));
+  return ParsePostProcessor(root.value("post_processor", Json()), template_bos);
+}
 
-  // Vocabulary. `by_text` maps the file's strings (GPT-2 alphabet) to ids for merges and names.
+// Vocabulary: fills bm->vocab and bm->byte_id, `by_text` (the file's strings, GPT-2 alphabet, to
+// ids, for merges and names) and `decoded` (each id's bytes).
+Status ParseVocab(const Json& model, const std::vector<std::pair<std::string, Json>>& entries,
+                  BpeModel* bm, std::unordered_map<std::string, int32_t>* by_text,
+                  std::vector<std::string>* decoded) {
   auto vocab_it = model.find("vocab");
   if (vocab_it == model.end() || !vocab_it->is_object()) return Status::Corruption("no vocab");
-  std::unordered_map<std::string, int32_t> by_text;
-  by_text.reserve(vocab_entries.size());
-  std::vector<std::string> decoded;
+  by_text->reserve(entries.size());
   std::vector<bool> used;
-  bm.byte_id.fill(-1);
+  bm->byte_id.fill(-1);
   std::string bytes;
-  for (const auto& [text, idj] : vocab_entries) {
+  for (const auto& [text, idj] : entries) {
     if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() >= INT32_MAX) {
       return Status::Corruption("vocab entry \"" + text + "\" has an invalid id");
     }
     const auto id = int32_t(idj.get<int64_t>());
-    if (size_t(id) >= decoded.size()) decoded.resize(size_t(id) + 1), used.resize(size_t(id) + 1);
+    if (size_t(id) >= decoded->size()) decoded->resize(size_t(id) + 1), used.resize(size_t(id) + 1);
     if (used[id]) return Status::Corruption("vocab id " + std::to_string(id) + " is used twice");
     used[id] = true;
-    by_text.emplace(text, id);
+    by_text->emplace(text, id);
     if (AlphabetToBytes(text, &bytes)) {
-      decoded[id] = bytes;
-      if (bytes.size() == 1) bm.byte_id[uint8_t(bytes[0])] = id;
-      bm.vocab.emplace(bytes, id);
+      (*decoded)[id] = bytes;
+      if (bytes.size() == 1) bm->byte_id[uint8_t(bytes[0])] = id;
+      bm->vocab.emplace(bytes, id);
     } else {
-      decoded[id] = text;  // outside the byte alphabet: decodes to itself (HF's ByteLevel rule)
+      (*decoded)[id] = text;  // outside the byte alphabet: decodes to itself (HF's ByteLevel rule)
     }
   }
+  return Status::Ok();
+}
 
-  // Merges: "a b" or ["a", "b"]; rank = index. A repeated pair keeps its last rank (HF collects
-  // them into a HashMap in order).
+// Merges: "a b" or ["a", "b"]; rank = index. A repeated pair keeps its last rank (HF collects
+// them into a HashMap in order).
+Status ParseMerges(const Json& model, const std::vector<Json>& entries,
+                   const std::unordered_map<std::string, int32_t>& by_text, BpeModel* bm) {
   auto merges_it = model.find("merges");
   if (merges_it == model.end() || !merges_it->is_array()) return Status::Corruption("no merges");
   if (!merges_it->empty()) {
     return Status::Corruption("merge " + (*merges_it)[0].dump() + " is neither \"a b\" nor [a, b]");
   }
-  bm.merges.reserve(merge_entries.size());
+  bm->merges.reserve(entries.size());
   int32_t rank = 0;
-  for (const Json& m : merge_entries) {
+  for (const Json& m : entries) {
     std::string a, b;
     if (m.is_string()) {
       const std::string s = m.get<std::string>();
@@ -308,51 +311,55 @@ Result<std::unique_ptr<Tokenizer>> ParseImpl(std::string_view json, std::string_
       return Status::Corruption("merge " + std::to_string(rank) + " makes \"" + a + b +
                                 "\", which is not in the vocabulary");
     }
-    bm.merges[PairKey(ia->second, ib->second)] = MergeValue{rank, iab->second};
+    bm->merges[PairKey(ia->second, ib->second)] = MergeValue{rank, iab->second};
     ++rank;
   }
+  return Status::Ok();
+}
 
-  // Added tokens.
-  std::unordered_map<std::string, int32_t> added_by_text;
+// Added tokens: fills bm->added and its tries, `decoded` for their ids and `added_by_text`.
+Status ParseAddedTokens(const Json& root, const BpeTokenizerOptions& options, BpeModel* bm,
+                        std::vector<std::string>* decoded,
+                        std::unordered_map<std::string, int32_t>* added_by_text) {
   auto added_it = root.find("added_tokens");
-  if (added_it != root.end() && !added_it->is_null()) {
-    if (!added_it->is_array()) return Status::Corruption("added_tokens is not an array");
-    for (const Json& a : *added_it) {
-      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
-          !a.contains("content") || !a["content"].is_string()) {
-        return Status::Corruption("added token without integer id and string content");
-      }
-      const int64_t id = a["id"].get<int64_t>();
-      if (id < 0 || id >= INT32_MAX) return Status::Corruption("added token id out of range");
-      AddedToken t{int32_t(id),
-                   a["content"].get<std::string>(),
-                   OptBool(a, "special", false),
-                   OptBool(a, "lstrip", false),
-                   OptBool(a, "rstrip", false),
-                   OptBool(a, "normalized", false),
-                   OptBool(a, "single_word", false)};
-      if (t.content.empty())
-        return Status::Corruption("added token " + std::to_string(id) + " is empty");
-      if (size_t(id) >= decoded.size()) decoded.resize(size_t(id) + 1);
-      // HF's ByteLevel decoder maps a token whose characters are all in the byte alphabet.
-      decoded[id] = AlphabetToBytes(t.content, &bytes) ? bytes : t.content;
-      added_by_text[t.content] = t.id;
-      const int32_t index = int32_t(bm.added.size());
-      if (!(t.special && options.split_special_tokens)) {
-        (t.normalized ? bm.normalized_trie : bm.raw_trie).Insert(t.content, index);
-      }
-      bm.added.push_back(std::move(t));
+  if (added_it == root.end() || added_it->is_null()) return Status::Ok();
+  if (!added_it->is_array()) return Status::Corruption("added_tokens is not an array");
+  std::string bytes;
+  for (const Json& a : *added_it) {
+    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
+        !a.contains("content") || !a["content"].is_string()) {
+      return Status::Corruption("added token without integer id and string content");
     }
+    const int64_t id = a["id"].get<int64_t>();
+    if (id < 0 || id >= INT32_MAX) return Status::Corruption("added token id out of range");
+    AddedToken t{int32_t(id),
+                 a["content"].get<std::string>(),
+                 OptBool(a, "special", false),
+                 OptBool(a, "lstrip", false),
+                 OptBool(a, "rstrip", false),
+                 OptBool(a, "normalized", false),
+                 OptBool(a, "single_word", false)};
+    if (t.content.empty())
+      return Status::Corruption("added token " + std::to_string(id) + " is empty");
+    if (size_t(id) >= decoded->size()) decoded->resize(size_t(id) + 1);
+    // HF's ByteLevel decoder maps a token whose characters are all in the byte alphabet.
+    (*decoded)[id] = AlphabetToBytes(t.content, &bytes) ? bytes : t.content;
+    (*added_by_text)[t.content] = t.id;
+    const int32_t index = int32_t(bm->added.size());
+    if (!(t.special && options.split_special_tokens)) {
+      (t.normalized ? bm->normalized_trie : bm->raw_trie).Insert(t.content, index);
+    }
+    bm->added.push_back(std::move(t));
   }
+  return Status::Ok();
+}
 
-  if (decoded.size() > size_t(INT32_MAX)) return Status::Corruption("too many tokens");
-  if (expected_vocab_size != 0 && int64_t(decoded.size()) > expected_vocab_size) {
-    return Status::InvalidArgument("tokenizer.json has " + std::to_string(decoded.size()) +
-                                   " tokens, model expects " + std::to_string(expected_vocab_size));
-  }
-  bm.decoded = std::move(decoded);
-
-  // BOS / EOS.
+// BOS / EOS: the options' tokens, else the post-processor's BOS, else tokenizer_config.json's;
+// each is looked up among the added tokens first, then the vocabulary.
+Status ResolveBosEos(std::string_view config_json, const BpeTokenizerOptions& options,
+                     const std::string& template_bos,
+                     const std::unordered_map<std::string, int32_t>& by_text,
+                     const std::unordered_map<std::string, int32_t>& added_by_text, BpeModel* bm) {
   Json cfg;
   if (!config_json.empty()) {
     cfg = Json::parse(config_json, nullptr, false);
@@ -376,9 +383,42 @@ Result<std::unique_ptr<Tokenizer>> ParseImpl(std::string_view json, std::string_
   if (bos.empty()) bos = template_bos;
   if (bos.empty() && cfg.is_object()) bos = ConfigToken(cfg, "bos_token");
   if (eos.empty() && cfg.is_object()) eos = ConfigToken(cfg, "eos_token");
-  BR_RETURN_IF_ERROR(resolve(bos, "BOS", &bm.bos));
-  BR_RETURN_IF_ERROR(resolve(eos, "EOS", &bm.eos));
+  BR_RETURN_IF_ERROR(resolve(bos, "BOS", &bm->bos));
+  return resolve(eos, "EOS", &bm->eos);
+}
 
+Result<std::unique_ptr<Tokenizer>> ParseImpl(std::string_view json, std::string_view config_json,
+                                             int32_t expected_vocab_size,
+                                             const BpeTokenizerOptions& options) {
+  if (expected_vocab_size < 0) {
+    return Status::InvalidArgument("expected_vocab_size must be >= 0, got " +
+                                   std::to_string(expected_vocab_size));
+  }
+  std::vector<std::pair<std::string, Json>> vocab_entries;
+  std::vector<Json> merge_entries;
+  BR_ASSIGN_OR_RETURN(Json root, ParseRoot(json, &vocab_entries, &merge_entries));
+  auto model_it = root.find("model");
+  if (model_it == root.end() || !model_it->is_object()) return Status::Corruption("no model");
+  const Json& model = *model_it;
+  BpeModel bm;
+  std::string template_bos;
+  BR_RETURN_IF_ERROR(ParsePipeline(root, model, &bm, &template_bos));
+
+  std::unordered_map<std::string, int32_t> by_text;
+  std::vector<std::string> decoded;
+  BR_RETURN_IF_ERROR(ParseVocab(model, vocab_entries, &bm, &by_text, &decoded));
+  BR_RETURN_IF_ERROR(ParseMerges(model, merge_entries, by_text, &bm));
+  std::unordered_map<std::string, int32_t> added_by_text;
+  BR_RETURN_IF_ERROR(ParseAddedTokens(root, options, &bm, &decoded, &added_by_text));
+
+  if (decoded.size() > size_t(INT32_MAX)) return Status::Corruption("too many tokens");
+  if (expected_vocab_size != 0 && int64_t(decoded.size()) > expected_vocab_size) {
+    return Status::InvalidArgument("tokenizer.json has " + std::to_string(decoded.size()) +
+                                   " tokens, model expects " + std::to_string(expected_vocab_size));
+  }
+  bm.decoded = std::move(decoded);
+  BR_RETURN_IF_ERROR(
+      ResolveBosEos(config_json, options, template_bos, by_text, added_by_text, &bm));
   return NewBpeTokenizer(std::move(bm), options.cache_capacity);
 }
 

@@ -2,10 +2,11 @@
 // scheduler and its sampler. A caller adds sequences, calls Step() in a loop and collects tokens
 // and finished sequences.
 //
-// Invariance contract (see DESIGN.md): a sequence's token ids and fp32 logprob bits are a pure
-// function of (weights, prompt, forced tokens, sampling params, sample_index). They never depend
-// on what else is in the engine, on batch size or position, prefill chunking, prefix-cache hits,
-// thread count, attention kernel choice or the order of Add() calls.
+// Invariance contract (docs/design.md "The invariance contract"): a sequence's token ids and fp32
+// logprob bits are a pure function of (weights, prompt, forced tokens, sampling params,
+// sample_index). They never depend on what else is in the engine, on batch size or position,
+// prefill chunking, prefix-cache hits, thread count, attention kernel choice or the order of Add()
+// calls.
 //
 // Thread-safety: an Engine is NOT thread-safe. One owner thread calls every method.
 #pragma once

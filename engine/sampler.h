@@ -1,6 +1,6 @@
 // engine/sampler.h: chooses the next token from a row of logits, and scores given tokens.
 //
-// The sampling order is fixed (DESIGN.md "Sampling"), each step a pure function of its inputs:
+// The sampling order is fixed (docs/design.md "Sampling"), each step a pure function of its inputs:
 //   1. temperature. T == 0: greedy, the argmax of the logits (ties to the lowest id); stop.
 //      Otherwise scaled[i] = logits[i] / T (one fp32 divide).
 //   2. top-k (k > 0 and k < vocab): keep the k largest scaled values; ties by the lower id.

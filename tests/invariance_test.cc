@@ -1,4 +1,4 @@
-// The invariance suite (promise 1 and 2 of DESIGN.md), on the real stories260K model.
+// The invariance suite (promises 1 and 2, docs/design.md "Promises"), on stories260K.
 //
 // A trajectory's ids and logprob bits must not depend on batch composition, batch size, position in
 // the batch, prefill chunking, thread count, attention kernel or ISA; re-scoring a finished

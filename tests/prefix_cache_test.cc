@@ -1,4 +1,4 @@
-// Prefix cache invariance (promise 1 of DESIGN.md with the cache in play), on stories260K.
+// Prefix cache invariance (promise 1 of docs/design.md with the cache in play), on stories260K.
 //
 // A prefix hit replays the K/V bits a cold prefill would have written, because cached-block
 // boundaries are multiples of the attention chunk. Every check runs the same requests on a warm

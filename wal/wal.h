@@ -1,4 +1,4 @@
-// bitroll::wal::Wal: the token-level write-ahead log (DESIGN.md promise 3, "No lost work").
+// bitroll::wal::Wal: the token-level write-ahead log (docs/design.md "Promises", 3: no lost work).
 //
 // One Wal owns one LMDB environment in one service data directory. The coordinator appends, for
 // every trajectory, a header, its generated tokens (in batches), turn boundaries, tool calls, tool

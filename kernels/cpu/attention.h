@@ -1,6 +1,6 @@
 // Causal attention over a block-paged KV cache: one canonical order, two kernels.
 //
-// The canonical order (DESIGN.md, "Attention: one canonical order, two kernels"):
+// The canonical order (docs/design.md, "Attention: one canonical order, two kernels"):
 //   The keys 0..t of query t are cut into chunks of kAttentionChunk keys anchored at position 0.
 //   Each chunk c yields a partial (m_c, l_c, o_c):
 //     s_j  = (sum_d q[d] * K[j][d]) * scale   one fma chain over d = 0..head_dim-1, then one

@@ -3,12 +3,12 @@
 // FILE is JSON Lines of trajectories (`bitroll generate --json`, or the Python client's
 // Trajectory.to_json()); "-" reads stdin.
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 
+#include "rollout/cli_args.h"
 #include "rollout/commands.h"
 #include "rollout/cost_report.h"
 
@@ -17,30 +17,21 @@ namespace bitroll::rollout {
 int CmdCost(int argc, char** argv) {
   std::string file, format = "table";
   CostReportOptions o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--format" && has_value) {
-      format = argv[++i];
-    } else if (a == "--price-replica-hour" && has_value) {
-      o.price.replica_hour_usd = std::atof(argv[++i]);
-    } else if (a == "--price-sandbox-cpu-hour" && has_value) {
-      o.price.sandbox_cpu_hour_usd = std::atof(argv[++i]);
-    } else if (a == "--long-context" && has_value) {
-      o.long_context_tokens = std::atoll(argv[++i]);
-    } else if (file.empty() && (a == "-" || a[0] != '-')) {
-      file = a;
-    } else {
-      std::fprintf(stderr, "bitroll cost: unknown or incomplete flag %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CliParser p("cost",
+              "bitroll cost: cost tables from trajectories (JSON Lines: `bitroll generate --json`, "
+              "or the Python client's Trajectory.to_json()).");
+  p.Positional("FILE", &file, "FILE.jsonl, or - for stdin");
+  p.String("--format", &format, "table, csv or json (default table)", "table|csv|json");
+  p.Double("--price-replica-hour", &o.price.replica_hour_usd, "price of one replica hour", "USD");
+  p.Double("--price-sandbox-cpu-hour", &o.price.sandbox_cpu_hour_usd,
+           "price of one sandbox CPU hour", "USD");
+  p.Integer("--long-context", &o.long_context_tokens,
+            "prompt + generated tokens from which a trajectory is long-context (default " +
+                std::to_string(o.long_context_tokens) + ")");
+  if (Status s = p.Parse(argc, argv); !s.ok()) return UsageError("cost", s);
+  if (p.help()) return PrintHelp(p);
   if (file.empty()) {
-    std::fprintf(stderr,
-                 "usage: bitroll cost FILE.jsonl [--format table|csv|json] "
-                 "[--price-replica-hour USD] [--price-sandbox-cpu-hour USD] "
-                 "[--long-context N]\n");
-    return 2;
+    return UsageError("cost", Status::InvalidArgument("FILE.jsonl is required (- reads stdin)"));
   }
   std::stringstream ss;
   if (file == "-") {
@@ -59,10 +50,7 @@ int CmdCost(int argc, char** argv) {
     return 1;
   }
   auto text = RenderCostReport(*rows, format);
-  if (!text.ok()) {
-    std::fprintf(stderr, "bitroll cost: %s\n", text.status().ToString().c_str());
-    return 2;
-  }
+  if (!text.ok()) return UsageError("cost", text.status());
   std::fwrite(text->data(), 1, text->size(), stdout);
   return 0;
 }

@@ -30,33 +30,6 @@ namespace bitroll::rollout {
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: bitroll generate --model PATH [options]
-
-  --model PATH           llama2.c checkpoint (.bin); env BITROLL_MODEL is the default
-  --tokenizer PATH       llama2.c tokenizer (default: tokenizer.bin or tok<vocab>.bin beside the model)
-  --prompt TEXT          one prompt (default "Once upon a time")
-  --prompts FILE         JSONL: one prompt per line, {"prompt": "..."} or {"ids": [1, 2, ...]}
-  -n N                   samples per prompt (default 1); sample i uses noise stream i
-  --max-tokens N         tokens to generate per sample (default: fill --steps)
-  --steps N              llama2.c run.c's -n: total positions incl. the prompt (default 256)
-  --temperature T        0 = greedy, else >= 1e-6 (default 1.0); a positive T below 1e-6 is
-                         refused (logits / T overflows fp32): pass 0 for greedy
-  --top-p P              nucleus sampling, in (0, 1] (default 0.9)
-  --top-k K              keep the K most likely, 0 = off (default 0)
-  --min-p P              in [0, 1], 0 = off (default 0)
-  --seed S               any integer in [0, 2^64 - 1], as the wire seed (default 42)
-  --device NAME          cpu|cuda (default cpu): cuda runs the forward pass on the GPU (weights
-                         and KV cache on the device; a different numerics fingerprint)
-  --threads N            kernel threads (default 1); never changes a bit
-  --isa NAME             auto|scalar|avx2|avx512 (default auto); never changes a bit
-  --attention NAME       auto|single|split (default auto); never changes a bit
-  --max-step-tokens N    token budget of one engine step (default 512)
-  --kv-cache-mb N        KV cache budget (default 256)
-  --weights f32|bf16     CPU matmul weight storage (bf16 halves memory traffic; different
-                         numerics); --device cuda always keeps bf16 weights on the GPU
-  --json                 one JSON object per trajectory on stdout
-)";
-
 std::string Hex32(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -117,129 +90,147 @@ Status ReadPrompts(const std::string& path, const engine::Tokenizer* tok,
   return Status::Ok();
 }
 
-}  // namespace
-
-int CmdGenerate(int argc, char** argv) {
-  CliArgs args(argc, argv, 1);
-  if (args.Has("help") || args.Has("h")) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+// The command line of `bitroll generate`, with its defaults.
+struct GenerateFlags {
   engine::EngineOptions eo;
-  const char* env_model = std::getenv("BITROLL_MODEL");
-  eo.model_path = args.String("model", env_model != nullptr ? env_model : "");
-  eo.tokenizer_path = args.String("tokenizer", "");
-  eo.device = args.String("device", "cpu");
-  eo.threads = args.Int("threads", 1);
-  eo.isa = args.String("isa", "auto");
-  eo.attention = args.String("attention", "auto");
-  eo.max_step_tokens = args.Int("max-step-tokens", 512);
-  eo.kv_cache_bytes = args.Int("kv-cache-mb", 256) * (int64_t{1} << 20);
-  const std::string weights = args.String("weights", "f32");
-  const int n = args.Int("n", 1);
-  const int steps = args.Int("steps", 256);
-  const int max_tokens_flag = args.Int("max-tokens", 0);
-  const bool json = args.Bool("json");
-  engine::SamplingParams sp;
-  sp.temperature = ToFloat(args.Double("temperature", 1.0));
-  sp.top_p = ToFloat(args.Double("top-p", 0.9));
-  const int64_t top_k = args.Int("top-k", 0);
-  sp.min_p = ToFloat(args.Double("min-p", 0.0));
-  sp.seed = args.Uint64("seed", 42);
-  const std::string prompt_text = args.String("prompt", "Once upon a time");
-  const std::string prompts_file = args.String("prompts", "");
-  if (Status s = args.Finish(); !s.ok()) {
-    std::fprintf(stderr, "bitroll generate: %s\n%s", s.ToString().c_str(), kUsage);
-    return 2;
-  }
-  if (top_k < 0 || top_k > INT32_MAX) {
-    std::fprintf(stderr,
-                 "bitroll generate: --top-k: top_k must be in [0, 2147483647], got %" PRId64 "\n",
-                 top_k);
-    return 2;
-  }
-  sp.top_k = static_cast<int32_t>(top_k);
-  if (Status s = engine::ValidateSamplingParams(sp); !s.ok()) {
-    std::fprintf(stderr, "bitroll generate: %s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (eo.model_path.empty()) {
-    std::fprintf(stderr, "bitroll generate: --model is required (or set BITROLL_MODEL)\n");
-    return 2;
-  }
-  if (n < 1 || n > 100000 || steps < 2 || max_tokens_flag < 0 ||
-      (weights != "f32" && weights != "bf16")) {
-    std::fprintf(stderr,
-                 "bitroll generate: -n must be in [1, 100000], --steps >= 2, "
-                 "--max-tokens >= 0, --weights f32|bf16\n");
-    return 2;
-  }
+  std::string weights = "f32";
+  int32_t n = 1;
+  int32_t steps = 256;
+  int32_t max_tokens = 0;
+  bool json = false;
+  double temperature = 1.0, top_p = 0.9, min_p = 0.0;
+  int64_t top_k = 0;
+  uint64_t seed = 42;
+  std::string prompt = "Once upon a time";
+  std::string prompts_file;
+  int64_t kv_cache_mb = 256;
+};
 
-  if (Status s = engine::CheckDevice(eo.device); !s.ok()) {
-    std::fprintf(stderr, "bitroll generate: %s\n", s.ToString().c_str());
-    return s.code() == ErrorCode::kInvalidArgument ? 2 : 1;
+void AddGenerateFlags(CliParser* p, GenerateFlags* f) {
+  p->String("--model", &f->eo.model_path,
+            "llama2.c checkpoint (.bin); env BITROLL_MODEL is the default", "PATH");
+  p->String("--tokenizer", &f->eo.tokenizer_path,
+            "llama2.c tokenizer (default: tokenizer.bin or tok<vocab>.bin beside the model)",
+            "PATH");
+  p->String("--prompt", &f->prompt, "one prompt (default \"Once upon a time\")", "TEXT");
+  p->String("--prompts", &f->prompts_file,
+            "JSONL: one prompt per line, \"...\", {\"prompt\": \"...\"} or {\"ids\": [1, 2, ...]}",
+            "FILE");
+  p->Integer("-n,--n", &f->n, "samples per prompt (default 1); sample i uses noise stream i");
+  p->Integer("--max-tokens", &f->max_tokens,
+             "tokens to generate per sample (default: fill --steps)");
+  p->Integer("--steps", &f->steps,
+             "llama2.c run.c's -n: total positions incl. the prompt (default 256)");
+  p->Group("Sampling (checked before the model loads)");
+  p->Double("--temperature", &f->temperature,
+            "0 = greedy, else >= 1e-6 (default 1.0); a positive T below 1e-6 is refused "
+            "(logits / T overflows fp32): pass 0 for greedy",
+            "T");
+  p->Double("--top-p", &f->top_p, "nucleus sampling, in (0, 1] (default 0.9)", "P");
+  p->Integer("--top-k", &f->top_k, "keep the K most likely, 0 = off (default 0)", "K");
+  p->Double("--min-p", &f->min_p, "in [0, 1], 0 = off (default 0)", "P");
+  p->Integer("--seed", &f->seed, "any integer in [0, 2^64 - 1], as the wire seed (default 42)",
+             "S");
+  p->Group("Engine (none of these changes a bit, except --device and --weights)");
+  p->String("--device", &f->eo.device,
+            "cpu|cuda (default cpu): cuda runs the forward pass on the GPU (weights and KV cache "
+            "on the device; a different numerics fingerprint)",
+            "NAME");
+  p->Integer("--threads", &f->eo.threads, "kernel threads (default 1)");
+  p->String("--isa", &f->eo.isa, "auto|scalar|avx2|avx512 (default auto)", "NAME");
+  p->String("--attention", &f->eo.attention, "auto|single|split (default auto)", "NAME");
+  p->Integer("--max-step-tokens", &f->eo.max_step_tokens,
+             "token budget of one engine step (default 512)");
+  p->Integer("--kv-cache-mb", &f->kv_cache_mb, "KV cache budget in MiB (default 256)");
+  p->String("--weights", &f->weights,
+            "CPU matmul weight storage (bf16 halves memory traffic; different numerics); "
+            "--device cuda always keeps bf16 weights on the GPU",
+            "f32|bf16");
+  p->Group("Output");
+  p->Flag("--json", &f->json, "one JSON object per trajectory on stdout");
+  p->Footer(
+      "Text output follows llama2.c run.c (prompt, then the generated pieces, then a newline).");
+}
+
+// The checks that need no model: ranges and the sampling parameters. Errors: kInvalidArgument.
+Status CheckGenerateFlags(GenerateFlags* f, engine::SamplingParams* sp) {
+  sp->temperature = ToFloat(f->temperature);
+  sp->top_p = ToFloat(f->top_p);
+  sp->min_p = ToFloat(f->min_p);
+  sp->seed = f->seed;
+  if (f->top_k < 0 || f->top_k > INT32_MAX) {
+    return Status::InvalidArgument("--top-k: top_k must be in [0, 2147483647], got " +
+                                   std::to_string(f->top_k));
   }
-  if (eo.device != "cpu" && weights != "f32") {
-    std::fprintf(stderr, "bitroll generate: --weights applies to --device cpu only\n");
-    return 2;
+  sp->top_k = static_cast<int32_t>(f->top_k);
+  BR_RETURN_IF_ERROR(engine::ValidateSamplingParams(*sp));
+  if (f->eo.model_path.empty()) {
+    return Status::InvalidArgument("--model is required (or set BITROLL_MODEL)");
   }
+  if (f->n < 1 || f->n > 100000 || f->steps < 2 || f->max_tokens < 0 ||
+      (f->weights != "f32" && f->weights != "bf16")) {
+    return Status::InvalidArgument(
+        "-n must be in [1, 100000], --steps >= 2, --max-tokens >= 0, --weights f32|bf16");
+  }
+  if (f->kv_cache_mb < 0 || f->kv_cache_mb > (int64_t{1} << 40)) {
+    return Status::InvalidArgument("--kv-cache-mb must be in [0, 2^40]");
+  }
+  f->eo.kv_cache_bytes = f->kv_cache_mb * (int64_t{1} << 20);
+  return Status::Ok();
+}
+
+// Loads the model and tokenizer and makes the engine; *t_setup: when the engine setup began (the
+// files loaded).
+Result<std::unique_ptr<engine::CpuEngine>> OpenGenerateEngine(
+    const GenerateFlags& f, std::chrono::steady_clock::time_point* t_setup) {
+  const engine::EngineOptions& eo = f.eo;
   Result<engine::ModelWeights> w = engine::LoadModelWeights(eo.model_path);
-  if (!w.ok()) {
-    std::fprintf(stderr, "bitroll generate: %s\n", w.status().ToString().c_str());
-    return 1;
-  }
+  if (!w.ok()) return w.status();
   engine::CpuEngineParts parts;
   Result<std::unique_ptr<engine::Tokenizer>> tok =
       engine::LoadTokenizerFor(eo.model_path, eo.tokenizer_path, w->config.vocab_size);
-  if (!tok.ok()) {
-    std::fprintf(stderr, "bitroll generate: %s\n", tok.status().ToString().c_str());
-    return 1;
-  }
+  if (!tok.ok()) return tok.status();
   parts.tokenizer = std::move(tok).value();
   parts.weights = std::make_shared<const engine::ModelWeights>(std::move(w).value());
   parts.options = eo;
-  parts.weight_storage = weights == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
-  const auto t_load = std::chrono::steady_clock::now();
+  parts.weight_storage = f.weights == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
+  *t_setup = std::chrono::steady_clock::now();
   Result<std::unique_ptr<engine::ForwardBackend>> backend =
       engine::MakeDeviceBackend(eo, parts.weights);
-  if (!backend.ok()) {
-    std::fprintf(stderr, "bitroll generate: %s\n", backend.status().ToString().c_str());
-    return 1;
-  }
+  if (!backend.ok()) return backend.status();
   parts.backend = std::move(backend).value();
-  Result<std::unique_ptr<engine::CpuEngine>> made = engine::CpuEngine::Create(std::move(parts));
-  if (!made.ok()) {
-    std::fprintf(stderr, "bitroll generate: %s\n", made.status().ToString().c_str());
-    return 1;
-  }
-  engine::CpuEngine& e = **made;
-  const engine::Tokenizer* tk = e.tokenizer();
+  return engine::CpuEngine::Create(std::move(parts));
+}
 
-  std::vector<Prompt> prompts;
-  if (!prompts_file.empty()) {
-    if (Status s = ReadPrompts(prompts_file, tk, &prompts); !s.ok()) {
-      std::fprintf(stderr, "bitroll generate: %s\n", s.ToString().c_str());
-      return 1;
-    }
+// The prompts of --prompts FILE (or the one --prompt), each as token ids.
+Status LoadPrompts(const GenerateFlags& f, const engine::Tokenizer* tk,
+                   std::vector<Prompt>* prompts) {
+  if (!f.prompts_file.empty()) {
+    BR_RETURN_IF_ERROR(ReadPrompts(f.prompts_file, tk, prompts));
   } else {
-    prompts.push_back({prompt_text, {}});
+    prompts->push_back({f.prompt, {}});
   }
-  for (Prompt& p : prompts) {
+  for (Prompt& p : *prompts) {
     if (!p.ids.empty()) continue;
     if (tk == nullptr) {
-      std::fprintf(stderr, "bitroll generate: no tokenizer found beside %s; pass --tokenizer\n",
-                   eo.model_path.c_str());
-      return 1;
+      return Status::NotFound("no tokenizer found beside " + f.eo.model_path +
+                              "; pass --tokenizer");
     }
     Result<std::vector<int32_t>> ids = tk->Encode(p.text, /*add_bos=*/true);
-    if (!ids.ok()) {
-      std::fprintf(stderr, "bitroll generate: %s\n", ids.status().ToString().c_str());
-      return 1;
-    }
+    if (!ids.ok()) return ids.status();
     p.ids = std::move(ids).value();
   }
+  return Status::Ok();
+}
 
-  // Every prompt x sample goes into the engine at once; continuous batching does the rest.
+// Every prompt x sample goes into the engine at once; continuous batching does the rest. Returns
+// the finished sequences in id order; *generated counts the tokens; *t0: when the steps began.
+Result<std::vector<engine::SequenceOutput>> RunAll(engine::CpuEngine& e, const GenerateFlags& f,
+                                                   const engine::SamplingParams& sp,
+                                                   const std::vector<Prompt>& prompts,
+                                                   int64_t* generated,
+                                                   std::chrono::steady_clock::time_point* t0) {
+  const int n = f.n;
   for (size_t i = 0; i < prompts.size(); ++i) {
     for (int j = 0; j < n; ++j) {
       engine::SequenceRequest r;
@@ -248,67 +239,81 @@ int CmdGenerate(int argc, char** argv) {
       r.prompt = prompts[i].ids;
       r.sample_index = static_cast<uint32_t>(j);
       r.sampling = sp;
-      const int fill = steps - static_cast<int>(r.prompt.size()) + 1;  // run.c: pos < steps
-      r.stop.max_tokens = max_tokens_flag > 0 ? max_tokens_flag : std::max(1, fill);
+      const int fill = f.steps - static_cast<int>(r.prompt.size()) + 1;  // run.c: pos < steps
+      r.stop.max_tokens = f.max_tokens > 0 ? f.max_tokens : std::max(1, fill);
       if (Status s = e.Add(std::move(r)); !s.ok()) {
-        std::fprintf(stderr, "bitroll generate: prompt %zu: %s\n", i, s.ToString().c_str());
-        return 1;
+        return s.WithContext("prompt " + std::to_string(i));
       }
     }
   }
   std::vector<engine::SequenceOutput> done;
-  int64_t generated = 0;
-  const auto t0 = std::chrono::steady_clock::now();
+  *t0 = std::chrono::steady_clock::now();
   while (e.HasWork()) {
     Result<engine::StepResult> step = e.Step();
-    if (!step.ok()) {
-      std::fprintf(stderr, "bitroll generate: %s\n", step.status().ToString().c_str());
-      return 1;
-    }
-    generated += static_cast<int64_t>(step->tokens.size());
-    for (auto& f : step->finished) done.push_back(std::move(f));
+    if (!step.ok()) return step.status();
+    *generated += static_cast<int64_t>(step->tokens.size());
+    for (auto& out : step->finished) done.push_back(std::move(out));
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::sort(done.begin(), done.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return done;
+}
 
-  const engine::ModelInfo& info = e.info();
+// The prompt and the generated text as llama2.c's run.c prints them.
+std::string RunCText(const engine::Tokenizer& tk, const engine::ModelInfo& info, const Prompt& p,
+                     const engine::SequenceOutput& o) {
+  std::string text;
+  int32_t prev = p.ids.front();
+  std::vector<int32_t> all(p.ids.begin() + 1, p.ids.end());
+  all.insert(all.end(), o.tokens.begin(), o.tokens.end());
+  for (size_t k = 0; k < all.size(); ++k) {
+    if (k >= p.ids.size() - 1 && all[k] == info.bos_id) break;  // run.c stops before BOS
+    Result<std::string> piece = tk.DecodePiece(prev, all[k]);
+    if (piece.ok()) text += engine::PrintablePiece(*piece);
+    prev = all[k];
+  }
+  return text;
+}
+
+// One trajectory as generate --json prints it.
+nlohmann::json TrajectoryJson(const engine::ModelInfo& info, const Prompt& p,
+                              const engine::SequenceOutput& o, int n, bool have_text,
+                              const std::string& text) {
+  nlohmann::json j;
+  j["prompt_index"] = o.id / n;
+  j["sample_index"] = o.id % n;
+  j["prompt_ids"] = p.ids;
+  j["ids"] = o.tokens;
+  j["logprobs"] = o.logprobs;
+  std::vector<std::string> bits;
+  for (float lp : o.logprobs) bits.push_back(Hex32(lp));
+  j["logprob_bits"] = bits;
+  j["finish"] = engine::FinishReasonName(o.finish);
+  if (have_text) j["text"] = text;
+  j["cost"] = {{"prefill_tokens_computed", o.cost.prefill_tokens_computed},
+               {"prefill_tokens_cached", o.cost.prefill_tokens_cached},
+               {"decode_tokens", o.cost.decode_tokens},
+               {"engine_seconds", o.cost.engine_seconds}};
+  char hash[24];
+  std::snprintf(hash, sizeof(hash), "%016" PRIx64, info.fingerprint.weights_hash);
+  j["fingerprint"] = {{"weights_hash", hash},
+                      {"kernel_version", info.fingerprint.kernel_version},
+                      {"attention_chunk", info.fingerprint.attention_chunk},
+                      {"backend", info.fingerprint.backend}};
+  return j;
+}
+
+void PrintTrajectories(const engine::CpuEngine& e, const GenerateFlags& f,
+                       const std::vector<Prompt>& prompts,
+                       const std::vector<engine::SequenceOutput>& done) {
+  const engine::Tokenizer* tk = e.tokenizer();
+  const int n = f.n;
   for (const engine::SequenceOutput& o : done) {
     const Prompt& p = prompts[o.id / n];
-    std::string text;
-    if (tk != nullptr) {
-      int32_t prev = p.ids.front();
-      std::vector<int32_t> all(p.ids.begin() + 1, p.ids.end());
-      all.insert(all.end(), o.tokens.begin(), o.tokens.end());
-      for (size_t k = 0; k < all.size(); ++k) {
-        if (k >= p.ids.size() - 1 && all[k] == info.bos_id) break;  // run.c stops before BOS
-        Result<std::string> piece = tk->DecodePiece(prev, all[k]);
-        if (piece.ok()) text += engine::PrintablePiece(*piece);
-        prev = all[k];
-      }
-    }
-    if (json) {
-      nlohmann::json j;
-      j["prompt_index"] = o.id / n;
-      j["sample_index"] = o.id % n;
-      j["prompt_ids"] = p.ids;
-      j["ids"] = o.tokens;
-      j["logprobs"] = o.logprobs;
-      std::vector<std::string> bits;
-      for (float lp : o.logprobs) bits.push_back(Hex32(lp));
-      j["logprob_bits"] = bits;
-      j["finish"] = engine::FinishReasonName(o.finish);
-      if (tk != nullptr) j["text"] = text;
-      j["cost"] = {{"prefill_tokens_computed", o.cost.prefill_tokens_computed},
-                   {"prefill_tokens_cached", o.cost.prefill_tokens_cached},
-                   {"decode_tokens", o.cost.decode_tokens},
-                   {"engine_seconds", o.cost.engine_seconds}};
-      char hash[24];
-      std::snprintf(hash, sizeof(hash), "%016" PRIx64, info.fingerprint.weights_hash);
-      j["fingerprint"] = {{"weights_hash", hash},
-                          {"kernel_version", info.fingerprint.kernel_version},
-                          {"attention_chunk", info.fingerprint.attention_chunk},
-                          {"backend", info.fingerprint.backend}};
-      std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    const std::string text = tk != nullptr ? RunCText(*tk, e.info(), p, o) : std::string();
+    if (f.json) {
+      std::cout << TrajectoryJson(e.info(), p, o, n, tk != nullptr, text)
+                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                << "\n";
     } else {
       if (done.size() > 1)
         std::cout << "--- prompt " << o.id / n << " sample " << o.id % n << " ---\n";
@@ -316,14 +321,57 @@ int CmdGenerate(int argc, char** argv) {
     }
   }
   std::cout.flush();
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "bitroll generate: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int CmdGenerate(int argc, char** argv) {
+  GenerateFlags f;
+  if (const char* env_model = std::getenv("BITROLL_MODEL"); env_model != nullptr) {
+    f.eo.model_path = env_model;
+  }
+  CliParser p("generate",
+              "bitroll generate: run prompts through the engine on this machine and print the "
+              "trajectories (text like llama2.c's run.c, or --json with ids, logprobs and their "
+              "exact bits, finish reason, cost and the numerics fingerprint).");
+  AddGenerateFlags(&p, &f);
+  engine::SamplingParams sp;
+  Status s = p.Parse(argc, argv);
+  if (s.ok() && p.help()) return PrintHelp(p);
+  if (s.ok()) s = CheckGenerateFlags(&f, &sp);
+  if (!s.ok()) return UsageError("generate", s);
+  if (s = engine::CheckDevice(f.eo.device); !s.ok()) {
+    return s.code() == ErrorCode::kInvalidArgument ? UsageError("generate", s) : Fail(s);
+  }
+  if (f.eo.device != "cpu" && f.weights != "f32") {
+    return UsageError("generate",
+                      Status::InvalidArgument("--weights applies to --device cpu only"));
+  }
+  auto t_load = std::chrono::steady_clock::now(), t0 = t_load;
+  Result<std::unique_ptr<engine::CpuEngine>> made = OpenGenerateEngine(f, &t_load);
+  if (!made.ok()) return Fail(made.status());
+  engine::CpuEngine& e = **made;
+  std::vector<Prompt> prompts;
+  if (s = LoadPrompts(f, e.tokenizer(), &prompts); !s.ok()) return Fail(s);
+  int64_t generated = 0;
+  Result<std::vector<engine::SequenceOutput>> done = RunAll(e, f, sp, prompts, &generated, &t0);
+  if (!done.ok()) return Fail(done.status());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  PrintTrajectories(e, f, prompts, *done);
   const double load_s = std::chrono::duration<double>(t0 - t_load).count();
   std::fprintf(stderr,
                "bitroll generate: %zu trajectories, %" PRId64
                " tokens in %.3f s: %.1f tok/s "
                "(device %s, threads %d, isa %s, weights %s); engine setup %.3f s; peak RSS "
                "%.1f MiB\n",
-               done.size(), generated, secs, secs > 0 ? generated / secs : 0.0, eo.device.c_str(),
-               eo.threads, eo.isa.c_str(), weights.c_str(), load_s, PeakRssKb() / 1024.0);
+               done->size(), generated, secs, secs > 0 ? generated / secs : 0.0,
+               f.eo.device.c_str(), f.eo.threads, f.eo.isa.c_str(), f.weights.c_str(), load_s,
+               PeakRssKb() / 1024.0);
   return 0;
 }
 

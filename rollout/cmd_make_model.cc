@@ -13,28 +13,24 @@
 namespace bitroll::rollout {
 
 int CmdMakeModel(int argc, char** argv) {
-  CliArgs args(argc, argv, 1);
-  const std::string shape_name = args.String("shape", "stories110m");
-  const std::string out = args.String("out", "");
-  const uint64_t seed = static_cast<uint64_t>(args.Int("seed", 1));
-  const bool help = args.Bool("help");
-  if (help || out.empty()) {
-    std::fprintf(help ? stdout : stderr,
-                 "usage: bitroll make-model --shape NAME --out DIR [--seed S]\n"
-                 "  shapes: stories110m, stories110m-gqa, stories15m, stories260k, tiny\n"
-                 "  writes DIR/model.bin (llama2.c format) and DIR/tokenizer.bin; random weights:\n"
-                 "  the text it generates is gibberish.\n");
-    return help ? 0 : 2;
-  }
-  if (Status s = args.Finish(); !s.ok()) {
-    std::fprintf(stderr, "bitroll make-model: %s\n", s.ToString().c_str());
-    return 2;
-  }
+  std::string shape_name = "stories110m", out;
+  uint64_t seed = 1;
+  CliParser p("make-model",
+              "bitroll make-model: write a reproducible random-weight model for tests and "
+              "benchmarks.");
+  p.String("--shape", &shape_name,
+           "stories110m (default), stories110m-gqa, stories15m, stories260k, tiny, ... "
+           "(engine/make_model.h)",
+           "NAME");
+  p.String("--out", &out, "folder for model.bin (llama2.c format) and tokenizer.bin", "DIR");
+  p.Integer("--seed", &seed, "weights seed, in [0, 2^64 - 1] (default 1)", "S");
+  p.Footer("Random weights: the text the model generates is gibberish.");
+  if (Status s = p.Parse(argc, argv); !s.ok()) return UsageError("make-model", s);
+  if (p.help()) return PrintHelp(p);
+  if (out.empty())
+    return UsageError("make-model", Status::InvalidArgument("--out DIR is required"));
   Result<engine::ModelShape> shape = engine::NamedShape(shape_name);
-  if (!shape.ok()) {
-    std::fprintf(stderr, "bitroll make-model: %s\n", shape.status().ToString().c_str());
-    return 2;
-  }
+  if (!shape.ok()) return UsageError("make-model", shape.status());
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   if (ec) {

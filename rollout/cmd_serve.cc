@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "rollout/cli_args.h"
 #include "rollout/commands.h"
 #include "rollout/config.h"
 #include "rollout/coordinator.h"
@@ -43,20 +44,32 @@ Result<std::unique_ptr<engine::Engine>> MakeEngine(const ServeConfig& c) {
 #endif
 }
 
-Status Setup(int argc, char** argv, ServeConfig* c) {
-  BR_RETURN_IF_ERROR(ApplyFlags(argc, argv, 1, c));
+constexpr const char* kServeHelp =
+    "bitroll serve: run the rollout coordinator with in-process replicas. Flags override the "
+    "--config file wherever they appear; the resolved endpoints are printed on stdout.";
+constexpr const char* kReplicaHelp =
+    "bitroll replica: run one engine replica for a remote coordinator (--connect, the "
+    "coordinator's --replica-bind). It takes serve's flags; those of the engine apply.";
+
+// Parses the command line of `bitroll serve` / `bitroll replica` into *c and sets the log level.
+// Returns -1 to go on, else the exit status (0 after --help, 2 on a usage error).
+int Setup(const std::string& command, int argc, char** argv, ServeConfig* c) {
+  CliParser p(command, command == "serve" ? kServeHelp : kReplicaHelp);
+  p.Footer("docs/protocol.md lists the config file's keys.");
+  AddServeFlags(&p, c);
+  Status s = p.Parse(argc, argv);
+  if (s.ok() && p.help()) return PrintHelp(p);
+  if (s.ok()) s = CheckServeConfig(*c);
+  if (!s.ok()) return UsageError(command, s);
   spdlog::set_level(spdlog::level::from_str(c->log_level));
-  return Status::Ok();
+  return -1;
 }
 
 }  // namespace
 
 int CmdServe(int argc, char** argv) {
   ServeConfig c;
-  if (Status s = Setup(argc, argv, &c); !s.ok()) {
-    std::fprintf(stderr, "bitroll serve: %s\n", s.ToString().c_str());
-    return 2;
-  }
+  if (int rc = Setup("serve", argc, argv, &c); rc >= 0) return rc;
   std::vector<std::unique_ptr<engine::Engine>> engines;
   for (int i = 0; i < c.replicas; ++i) {
     auto e = MakeEngine(c);
@@ -87,13 +100,9 @@ int CmdServe(int argc, char** argv) {
 
 int CmdReplica(int argc, char** argv) {
   ServeConfig c;
-  if (Status s = Setup(argc, argv, &c); !s.ok()) {
-    std::fprintf(stderr, "bitroll replica: %s\n", s.ToString().c_str());
-    return 2;
-  }
+  if (int rc = Setup("replica", argc, argv, &c); rc >= 0) return rc;
   if (c.connect.empty()) {
-    std::fprintf(stderr, "bitroll replica: --connect tcp://HOST:PORT is required\n");
-    return 2;
+    return UsageError("replica", Status::InvalidArgument("--connect tcp://HOST:PORT is required"));
   }
   auto e = MakeEngine(c);
   if (!e.ok()) {

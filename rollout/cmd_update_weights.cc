@@ -6,26 +6,18 @@
 // read the file. Prints the live version; exit status 0, 1 on the service's typed error (printed),
 // 2 on bad arguments.
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "engine/model_loader.h"
 #include "engine/weight_update.h"
+#include "rollout/cli_args.h"
 #include "rollout/client.h"
 #include "rollout/commands.h"
 
 namespace bitroll::rollout {
 
 namespace {
-
-int Usage() {
-  std::fprintf(stderr,
-               "usage: bitroll update-weights --connect tcp://HOST:PORT --version V\n"
-               "         (--path FILE | --stream FILE [--full]) [--drain] [--part-kib N]\n"
-               "         [--timeout-ms N]\n");
-  return 2;
-}
 
 int Fail(const Status& s) {
   std::fprintf(stderr, "bitroll update-weights: %s\n", s.ToString().c_str());
@@ -37,45 +29,45 @@ int Fail(const Status& s) {
 int CmdUpdateWeights(int argc, char** argv) {
   std::string connect, path, stream;
   uint64_t version = 0;
-  bool have_version = false, drain = false, full = false;
-  long part_kib = 1024, timeout_ms = 600000;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--connect" && has_value) {
-      connect = argv[++i];
-    } else if (a == "--version" && has_value) {
-      char* end = nullptr;
-      version = std::strtoull(argv[++i], &end, 10);
-      have_version = end != nullptr && *end == '\0';
-    } else if (a == "--path" && has_value) {
-      path = argv[++i];
-    } else if (a == "--stream" && has_value) {
-      stream = argv[++i];
-    } else if (a == "--part-kib" && has_value) {
-      part_kib = std::atol(argv[++i]);
-    } else if (a == "--timeout-ms" && has_value) {
-      timeout_ms = std::atol(argv[++i]);
-    } else if (a == "--drain") {
-      drain = true;
-    } else if (a == "--full") {
-      full = true;
-    } else {
-      std::fprintf(stderr, "bitroll update-weights: unknown or incomplete flag %s\n", a.c_str());
-      return Usage();
-    }
+  bool drain = false, full = false;
+  int64_t part_kib = 1024;
+  int32_t timeout_ms = 600000;
+  CliParser p("update-weights",
+              "bitroll update-weights: give a running service new weights (docs/weights.md); "
+              "prints the live version.");
+  p.String("--connect", &connect, "the service's client endpoint (required)", "tcp://HOST:PORT");
+  p.Integer("--version", &version, "the new weights version, in [0, 2^64 - 1] (required)", "V");
+  p.String("--path", &path, "every replica loads FILE (readable on every replica's host)", "FILE");
+  p.String("--stream", &stream,
+           "load FILE here and stream its tensors to the replicas (any format the engine reads)",
+           "FILE");
+  p.Flag("--full", &full, "--stream: the replicas check that every tensor of the model was sent");
+  p.Flag("--drain", &drain, "pause dispatch; work in flight finishes on the old weights first");
+  p.Integer("--part-kib", &part_kib, "--stream: KiB per message part (default 1024)");
+  p.Integer("--timeout-ms", &timeout_ms, "how long to wait for the service (default 600000)");
+  p.Footer("Exactly one of --path and --stream. Exit status 1 on the service's typed error.");
+  if (Status s = p.Parse(argc, argv); !s.ok()) return UsageError("update-weights", s);
+  if (p.help()) return PrintHelp(p);
+  std::string bad;
+  if (connect.empty()) {
+    bad = "--connect tcp://HOST:PORT is required";
+  } else if (!p.Given("--version")) {
+    bad = "--version V is required";
+  } else if (path.empty() == stream.empty()) {
+    bad = "give exactly one of --path FILE and --stream FILE";
+  } else if (part_kib <= 0 || part_kib > (int64_t{1} << 30)) {
+    bad = "--part-kib must be in [1, 2^30]";
+  } else if (timeout_ms <= 0) {
+    bad = "--timeout-ms must be > 0";
   }
-  if (connect.empty() || !have_version || path.empty() == stream.empty() || part_kib <= 0 ||
-      timeout_ms <= 0) {
-    return Usage();
-  }
+  if (!bad.empty()) return UsageError("update-weights", Status::InvalidArgument(bad));
   ClientOptions co;
   co.endpoint = connect;
   auto client = Client::Connect(co);
   if (!client.ok()) return Fail(client.status());
   Result<uint64_t> live = Status::Ok();
   if (!path.empty()) {
-    live = (*client)->UpdateWeights(path, version, drain, static_cast<int>(timeout_ms));
+    live = (*client)->UpdateWeights(path, version, drain, timeout_ms);
   } else {
     auto w = engine::LoadModelWeights(stream);
     if (!w.ok()) return Fail(w.status());
@@ -88,8 +80,7 @@ int CmdUpdateWeights(int argc, char** argv) {
     }
     std::fprintf(stderr, "bitroll update-weights: streaming %zu tensors (%.1f MB) from %s\n",
                  tensors.size(), bytes / 1e6, w->source.c_str());
-    live = (*client)->UpdateWeightsStreamed(tensors, version, drain, full,
-                                            static_cast<int>(timeout_ms),
+    live = (*client)->UpdateWeightsStreamed(tensors, version, drain, full, timeout_ms,
                                             static_cast<size_t>(part_kib) << 10);
   }
   if (!live.ok()) return Fail(live.status());

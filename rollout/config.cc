@@ -1,10 +1,11 @@
 #include "rollout/config.h"
 
-#include <charconv>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "rollout/cli_args.h"
 
 namespace bitroll::rollout {
 
@@ -31,25 +32,6 @@ Status CheckKeys(const json& j, std::initializer_list<const char*> known, const 
     if (!ok)
       return Status::InvalidArgument(std::string("unknown config key '") + it.key() + "' in " +
                                      where);
-  }
-  return Status::Ok();
-}
-
-template <typename T>
-Status ParseNumber(const char* flag, const char* text, T* out) {
-  if constexpr (std::is_floating_point_v<T>) {
-    char* end = nullptr;
-    const double v = std::strtod(text, &end);
-    if (end == text || *end != '\0') {
-      return Status::InvalidArgument(std::string(flag) + ": not a number: " + text);
-    }
-    *out = static_cast<T>(v);
-  } else {
-    const char* end = text + std::strlen(text);
-    auto [p, ec] = std::from_chars(text, end, *out);
-    if (ec != std::errc() || p != end) {
-      return Status::InvalidArgument(std::string(flag) + ": not an integer: " + text);
-    }
   }
   return Status::Ok();
 }
@@ -150,108 +132,126 @@ Status LoadConfigFile(const std::string& path, ServeConfig* config) {
   return ParseConfigJson(ss.str(), config).WithContext(path);
 }
 
-Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
-  // --config first, so that the other flags override it wherever they appear.
-  for (int i = first; i < argc; ++i) {
-    if (std::string(argv[i]) == "--config") {
-      if (i + 1 >= argc) return Status::InvalidArgument("--config needs a value");
-      BR_RETURN_IF_ERROR(LoadConfigFile(argv[i + 1], c));
-    }
-  }
+namespace {
+
+std::string Default(const std::string& help, const std::string& value) {
+  return help + " (default " + value + ")";
+}
+
+template <typename T>
+std::string Default(const std::string& help, T value) {
+  return Default(help, std::to_string(value));
+}
+
+// The service's own flags: what it runs and where it listens (and, for a replica, connects).
+void AddMainFlags(CliParser* p, ServeConfig* c) {
+  // Declared first: the file is read before any other flag is applied, so flags override it.
+  p->Value("--config", "JSON config file (docs/protocol.md); the other flags override it",
+           "FILE.json", [c](const std::string& v) { return LoadConfigFile(v, c); });
+  auto& eo = c->engine_options;
+  p->String("--model", &eo.model_path, "model: llama2.c .bin, GGUF or Hugging Face folder", "PATH");
+  p->String("--tokenizer", &eo.tokenizer_path,
+            "tokenizer (default: tokenizer.bin or tok<vocab>.bin beside the model)", "PATH");
+  p->Integer("--replicas", &c->replicas, Default("in-process replicas, 0 to 1024", c->replicas));
+  p->String("--bind", &c->coordinator.bind,
+            Default("client endpoint; port * picks one", c->coordinator.bind), "EP");
+  p->String("--replica-bind", &c->coordinator.replica_bind,
+            "endpoint for `bitroll replica` processes (none by default)", "EP");
+  p->String("--connect", &c->connect, "replica: the coordinator's --replica-bind endpoint", "EP");
+  p->String("--name", &c->name, "replica: its name (default host:pid)", "S");
+  p->String("--engine", &c->engine,
+            Default("auto (the model engine) or null (the test double)", c->engine), "auto|null");
+  p->String("--device", &eo.device, Default("where the forward pass runs", eo.device), "cpu|cuda");
+  p->Integer("--threads", &eo.threads, Default("kernel threads per replica", eo.threads));
+  p->Integer("--weights-load-timeout-ms", &c->coordinator.local_replica.weights_load_timeout_ms,
+             Default("deadline of a replica's UpdateWeights {path} load",
+                     c->coordinator.local_replica.weights_load_timeout_ms));
+  p->String("--log-level", &c->log_level,
+            Default("trace, debug, info, warn, error or off", c->log_level), "L");
+}
+
+void AddCoordinatorFlags(CliParser* p, ServeConfig* c) {
   auto& co = c->coordinator;
-  for (int i = first; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) return Status::InvalidArgument(flag + " needs a value (or is unknown)");
-    const char* v = argv[++i];
-    if (flag == "--config") {
-      continue;
-    } else if (flag == "--model") {
-      c->engine_options.model_path = v;
-    } else if (flag == "--replicas") {
-      BR_RETURN_IF_ERROR(ParseNumber("--replicas", v, &c->replicas));
-    } else if (flag == "--bind") {
-      co.bind = v;
-    } else if (flag == "--replica-bind") {
-      co.replica_bind = v;
-    } else if (flag == "--connect") {
-      c->connect = v;
-    } else if (flag == "--engine") {
-      c->engine = v;
-    } else if (flag == "--name") {
-      c->name = v;
-    } else if (flag == "--threads") {
-      BR_RETURN_IF_ERROR(ParseNumber("--threads", v, &c->engine_options.threads));
-    } else if (flag == "--device") {
-      c->engine_options.device = v;  // cpu | cuda; OpenEngine says why another cannot run
-    } else if (flag == "--max-queued") {
-      BR_RETURN_IF_ERROR(ParseNumber("--max-queued", v, &co.max_queued));
-    } else if (flag == "--replica-timeout-ms") {
-      BR_RETURN_IF_ERROR(ParseNumber("--replica-timeout-ms", v, &co.replica_timeout_ms));
-    } else if (flag == "--weights-load-timeout-ms") {
-      BR_RETURN_IF_ERROR(
-          ParseNumber("--weights-load-timeout-ms", v, &co.local_replica.weights_load_timeout_ms));
-    } else if (flag == "--stream-timeout-ms") {
-      BR_RETURN_IF_ERROR(ParseNumber("--stream-timeout-ms", v, &co.stream_timeout_ms));
-    } else if (flag == "--max-client-buffer-bytes") {
-      BR_RETURN_IF_ERROR(ParseNumber("--max-client-buffer-bytes", v, &co.max_client_buffer_bytes));
-    } else if (flag == "--retention-max-age-s") {
-      BR_RETURN_IF_ERROR(ParseNumber("--retention-max-age-s", v, &co.retention.max_age_s));
-    } else if (flag == "--retention-max-groups") {
-      BR_RETURN_IF_ERROR(ParseNumber("--retention-max-groups", v, &co.retention.max_groups));
-    } else if (flag == "--price-replica-hour") {
-      BR_RETURN_IF_ERROR(ParseNumber("--price-replica-hour", v, &co.price.replica_hour_usd));
-    } else if (flag == "--null-delay-us") {
-      BR_RETURN_IF_ERROR(ParseNumber("--null-delay-us", v, &c->null_engine.step_delay_us));
-    } else if (flag == "--null-vocab") {
-      BR_RETURN_IF_ERROR(ParseNumber("--null-vocab", v, &c->null_engine.vocab_size));
-    } else if (flag == "--data-dir") {
-      co.wal.dir = v;
-    } else if (flag == "--durability") {
-      const std::string d = v;
-      if (d == "sync") {
-        co.wal.durability = wal::Durability::kSyncEveryCommit;
-      } else if (d == "window") {
-        co.wal.durability = wal::Durability::kWindow;
-      } else if (d == "none") {
-        co.wal.durability = wal::Durability::kNone;
-      } else {
-        return Status::InvalidArgument("--durability must be sync, window or none");
-      }
-    } else if (flag == "--wal-commit-ms") {
-      BR_RETURN_IF_ERROR(ParseNumber("--wal-commit-ms", v, &co.wal.commit_interval_ms));
-    } else if (flag == "--wal-sync-window-ms") {
-      BR_RETURN_IF_ERROR(ParseNumber("--wal-sync-window-ms", v, &co.wal.sync_window_ms));
-    } else if (flag == "--tool-workers") {
-      BR_RETURN_IF_ERROR(ParseNumber("--tool-workers", v, &co.tools.workers));
-    } else if (flag == "--tool-append-file") {
-      co.tools.functions.append_file = v;
-    } else if (flag == "--tool-append-delay-ms") {
-      BR_RETURN_IF_ERROR(
-          ParseNumber("--tool-append-delay-ms", v, &co.tools.functions.append_delay_ms));
-    } else if (flag == "--tool-uid-base") {
-      BR_RETURN_IF_ERROR(ParseNumber("--tool-uid-base", v, &co.tools.sandbox.uid_base));
-    } else if (flag == "--tool-work-root") {
-      co.tools.sandbox.work_root = v;
-    } else if (flag == "--tool-disk-bytes") {
-      BR_RETURN_IF_ERROR(ParseNumber("--tool-disk-bytes", v, &co.tools.sandbox.work_disk_bytes));
-    } else if (flag == "--tool-max-concurrent") {
-      BR_RETURN_IF_ERROR(ParseNumber("--tool-max-concurrent", v, &co.tools.sandbox.max_concurrent));
-    } else if (flag == "--price-sandbox-cpu-hour") {
-      BR_RETURN_IF_ERROR(
-          ParseNumber("--price-sandbox-cpu-hour", v, &co.price.sandbox_cpu_hour_usd));
-    } else if (flag == "--log-level") {
-      c->log_level = v;
-    } else {
-      return Status::InvalidArgument("unknown flag " + flag);
-    }
-  }
-  if (c->replicas < 0 || c->replicas > 1024) {
+  p->Group("Coordinator");
+  p->Integer("--max-queued", &co.max_queued,
+             Default("samples queued at most; beyond it a Submit gets Busy", co.max_queued));
+  p->Integer("--replica-timeout-ms", &co.replica_timeout_ms,
+             Default("a replica silent this long is dead", co.replica_timeout_ms));
+  p->Integer("--stream-timeout-ms", &co.stream_timeout_ms,
+             Default("deadline of a streamed weights update", co.stream_timeout_ms));
+  p->Integer("--max-client-buffer-bytes", &co.max_client_buffer_bytes,
+             Default("output kept for one client; a slower reader is dropped",
+                     co.max_client_buffer_bytes));
+  p->Double("--price-replica-hour", &co.price.replica_hour_usd,
+            "price of one replica hour, for the cost report", "USD");
+  p->Group("Write-ahead log");
+  p->String("--data-dir", &co.wal.dir, "WAL folder: resume after a crash (none by default)", "DIR");
+  p->Value("--durability", "when a commit is synced (default sync)", "sync|window|none",
+           [&co](const std::string& d) {
+             if (d == "sync") {
+               co.wal.durability = wal::Durability::kSyncEveryCommit;
+             } else if (d == "window") {
+               co.wal.durability = wal::Durability::kWindow;
+             } else if (d == "none") {
+               co.wal.durability = wal::Durability::kNone;
+             } else {
+               return Status::InvalidArgument("--durability must be sync, window or none");
+             }
+             return Status::Ok();
+           });
+  p->Integer("--wal-commit-ms", &co.wal.commit_interval_ms,
+             Default("group commit interval", co.wal.commit_interval_ms));
+  p->Integer("--wal-sync-window-ms", &co.wal.sync_window_ms,
+             Default("sync window of --durability window", co.wal.sync_window_ms));
+  p->Integer("--retention-max-age-s", &co.retention.max_age_s,
+             Default("finished groups kept this long", co.retention.max_age_s));
+  p->Integer("--retention-max-groups", &co.retention.max_groups,
+             Default("finished groups kept at most", co.retention.max_groups));
+}
+
+void AddToolFlags(CliParser* p, ServeConfig* c) {
+  auto& t = c->coordinator.tools;
+  p->Group("Tools");
+  p->Integer("--tool-workers", &t.workers, Default("tool calls run at once, 1 to 4096", t.workers));
+  p->Integer("--tool-max-concurrent", &t.sandbox.max_concurrent,
+             Default("sandboxed processes at once", t.sandbox.max_concurrent));
+  p->Integer("--tool-uid-base", &t.sandbox.uid_base,
+             Default("first unprivileged uid of sandboxed tools", t.sandbox.uid_base), "UID");
+  p->String("--tool-work-root", &t.sandbox.work_root,
+            "folder of the tools' workdirs (default: the temp folder)", "DIR");
+  p->Integer(
+      "--tool-disk-bytes", &t.sandbox.work_disk_bytes,
+      Default("workdir bytes of one process/container call; 0: no cap", t.sandbox.work_disk_bytes));
+  p->Double("--price-sandbox-cpu-hour", &c->coordinator.price.sandbox_cpu_hour_usd,
+            "price of one sandbox CPU hour, for the cost report", "USD");
+  p->Group("Test hooks");
+  p->Integer("--null-delay-us", &c->null_engine.step_delay_us,
+             "--engine null: sleep per engine step");
+  p->Integer("--null-vocab", &c->null_engine.vocab_size,
+             Default("--engine null: vocabulary size, >= 4", c->null_engine.vocab_size));
+  p->String("--tool-append-file", &t.functions.append_file,
+            "file the `append` tool function writes to", "PATH");
+  p->Integer("--tool-append-delay-ms", &t.functions.append_delay_ms,
+             "makes every `append` call this slow, >= 0");
+}
+
+}  // namespace
+
+void AddServeFlags(CliParser* p, ServeConfig* c) {
+  AddMainFlags(p, c);
+  AddCoordinatorFlags(p, c);
+  AddToolFlags(p, c);
+}
+
+Status CheckServeConfig(const ServeConfig& c) {
+  const auto& co = c.coordinator;
+  if (c.replicas < 0 || c.replicas > 1024) {
     return Status::InvalidArgument("--replicas must be in [0, 1024]");
   }
-  if (c->engine != "auto" && c->engine != "null") {
+  if (c.engine != "auto" && c.engine != "null") {
     return Status::InvalidArgument("--engine must be auto or null");
   }
-  if (c->null_engine.vocab_size < 4) return Status::InvalidArgument("null vocab must be >= 4");
+  if (c.null_engine.vocab_size < 4) return Status::InvalidArgument("null vocab must be >= 4");
   if (co.tools.workers < 1 || co.tools.workers > 4096) {
     return Status::InvalidArgument("--tool-workers must be in [1, 4096]");
   }
@@ -259,6 +259,15 @@ Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
     return Status::InvalidArgument("--tool-append-delay-ms must be >= 0");
   }
   return Status::Ok();
+}
+
+Status ApplyFlags(int argc, char** argv, int first, ServeConfig* c) {
+  CliParser p(first > 0 ? argv[first - 1] : "serve", "");
+  AddServeFlags(&p, c);
+  std::vector<std::string> args(argv + first, argv + argc);
+  BR_RETURN_IF_ERROR(p.Parse(args));
+  if (p.help()) return Status::Ok();
+  return CheckServeConfig(*c);
 }
 
 }  // namespace bitroll::rollout

@@ -32,17 +32,30 @@ Status ParseConfigJson(const std::string& text, ServeConfig* config);
 // Reads and merges `path`. Errors: kNotFound, kIoError, and ParseConfigJson's.
 Status LoadConfigFile(const std::string& path, ServeConfig* config);
 
-// Applies flags (argv[first..argc)): --config F (loaded first), --model P, --replicas N,
-// --bind EP, --replica-bind EP, --connect EP, --engine auto|null, --threads N, --name S,
-// --max-queued N, --replica-timeout-ms N, --weights-load-timeout-ms N (UpdateWeights {path} loads
-// of the replicas, rollout/replica.h), --price-replica-hour X, --null-delay-us N,
-// --null-vocab N, --log-level L, --data-dir DIR (the WAL; resume after a crash),
-// --durability sync|window|none, --wal-commit-ms N, --wal-sync-window-ms N, and the tool loop's
-// --tool-workers N (8), --tool-append-file PATH, --tool-append-delay-ms N, --tool-uid-base UID
-// (62000), --tool-max-concurrent N (16), --tool-work-root DIR (the sandbox's work root; default
-// the temp folder), --tool-disk-bytes N (total workdir bytes per process/container run, 256 MiB;
-// 0: no total cap), --price-sandbox-cpu-hour X. Errors:
-// kInvalidArgument (unknown flag, missing or bad value).
+class CliParser;  // rollout/cli_args.h
+
+// Declares the flags of `bitroll serve` and `bitroll replica` on *parser, bound to *config (the
+// two commands take the same flags): --config F first (the JSON file above, read before any other
+// flag is applied, so that --replicas N before or after it overrides the file's "replicas"), then
+// --model P, --tokenizer P, --replicas N, --bind EP, --replica-bind EP, --connect EP,
+// --engine auto|null, --device cpu|cuda, --threads N, --name S, --max-queued N,
+// --replica-timeout-ms N, --stream-timeout-ms N, --max-client-buffer-bytes N,
+// --weights-load-timeout-ms N (UpdateWeights {path} loads of the replicas, rollout/replica.h),
+// --price-replica-hour X, --log-level L, --data-dir DIR (the WAL; resume after a crash),
+// --durability sync|window|none, --wal-commit-ms N, --wal-sync-window-ms N,
+// --retention-max-age-s N, --retention-max-groups N, the tool loop's --tool-workers N,
+// --tool-max-concurrent N, --tool-uid-base UID, --tool-work-root DIR (the sandbox's work root;
+// default the temp folder), --tool-disk-bytes N (total workdir bytes per process/container run;
+// 0: no total cap), --price-sandbox-cpu-hour X, and the test hooks --null-delay-us N,
+// --null-vocab N, --tool-append-file PATH, --tool-append-delay-ms N.
+void AddServeFlags(CliParser* parser, ServeConfig* config);
+
+// The checks of a whole configuration (file and flags). Errors: kInvalidArgument.
+Status CheckServeConfig(const ServeConfig& config);
+
+// AddServeFlags, parse argv[first..argc) (argv[first - 1] names the command), CheckServeConfig.
+// Errors: kInvalidArgument (unknown flag, missing or bad value; rollout/cli_args.h), and
+// LoadConfigFile's. --help applies nothing and returns Ok.
 Status ApplyFlags(int argc, char** argv, int first, ServeConfig* config);
 
 }  // namespace bitroll::rollout

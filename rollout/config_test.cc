@@ -66,6 +66,33 @@ TEST(ConfigTest, FlagsOverrideTheFile) {
   std::remove(path.c_str());
 }
 
+TEST(ConfigTest, FlagsOverrideTheFileWhereverTheyAppear) {
+  const std::string path = std::string(BITROLL_BINARY_DIR) + "/config_test_order.json";
+  std::ofstream(path) << R"({"replicas": 3, "engine": "null", "tokenizer": "t.bin",
+      "price": {"replica_hour_usd": 2.5}})";
+  ServeConfig c;
+  // --replicas after --config, --bind=EP form, the last of a repeated flag.
+  ASSERT_TRUE(Flags({"serve", "--config", path, "--replicas", "7", "--bind=tcp://127.0.0.1:9",
+                     "--threads", "2", "--threads", "3"},
+                    &c)
+                  .ok());
+  EXPECT_EQ(c.replicas, 7);
+  EXPECT_EQ(c.engine, "null");                          // from the file
+  EXPECT_EQ(c.engine_options.tokenizer_path, "t.bin");  // from the file
+  EXPECT_EQ(c.coordinator.price.replica_hour_usd, 2.5);
+  EXPECT_EQ(c.coordinator.bind, "tcp://127.0.0.1:9");
+  EXPECT_EQ(c.engine_options.threads, 3);
+  // An unknown key in the file stays an error; --help applies nothing.
+  std::ofstream(path) << R"({"replicas": 3, "gpus": 2})";
+  ServeConfig d;
+  EXPECT_EQ(Flags({"serve", "--config", path}, &d).message(),
+            path + ": unknown config key 'gpus' in the top level");
+  ServeConfig e;
+  ASSERT_TRUE(Flags({"serve", "--config", path, "--replicas", "9", "--help"}, &e).ok());
+  EXPECT_EQ(e.replicas, 1);
+  std::remove(path.c_str());
+}
+
 TEST(ConfigTest, ToolWorkRootAndDiskCap) {
   ServeConfig c;
   EXPECT_EQ(c.coordinator.tools.sandbox.work_disk_bytes, 256ull << 20);  // the default
@@ -81,17 +108,25 @@ TEST(ConfigTest, ToolWorkRootAndDiskCap) {
   EXPECT_EQ(c.coordinator.tools.sandbox.work_root, "/var/tmp/w");
   EXPECT_EQ(c.coordinator.tools.sandbox.work_disk_bytes, 0u);
   EXPECT_EQ(Flags({"serve", "--tool-disk-bytes", "-5"}, &c).message(),
-            "--tool-disk-bytes: not an integer: -5");
+            "--tool-disk-bytes: '-5' is not an integer in [0, 18446744073709551615]");
 }
 
 TEST(ConfigTest, BadFlags) {
   ServeConfig c;
   Status s = Flags({"serve", "--replicas", "x"}, &c);
-  EXPECT_EQ(s.message(), "--replicas: not an integer: x");
+  EXPECT_EQ(s.message(), "--replicas: 'x' is not an integer in [-2147483648, 2147483647]");
+  s = Flags({"serve", "--replicas", "2x"}, &c);  // trailing garbage
+  EXPECT_EQ(s.message(), "--replicas: '2x' is not an integer in [-2147483648, 2147483647]");
+  s = Flags({"serve", "--price-replica-hour", "1.5usd"}, &c);
+  EXPECT_EQ(s.message(), "--price-replica-hour: '1.5usd' is not a number");
   s = Flags({"serve", "--frobnicate", "1"}, &c);
   EXPECT_EQ(s.message(), "unknown flag --frobnicate");
   s = Flags({"serve", "--model"}, &c);
-  EXPECT_EQ(s.message(), "--model needs a value (or is unknown)");
+  EXPECT_EQ(s.message(), "--model needs a value");
+  s = Flags({"serve", "--frobnicate"}, &c);
+  EXPECT_EQ(s.message(), "unknown flag --frobnicate");
+  s = Flags({"serve", "stray"}, &c);
+  EXPECT_EQ(s.message(), "unexpected argument 'stray'");
   s = Flags({"serve", "--engine", "gpu"}, &c);
   EXPECT_EQ(s.message(), "--engine must be auto or null");
   ServeConfig d;

@@ -17,7 +17,7 @@ void PrintHelp(FILE* out) {
       "commands:\n"
       "  serve       run the rollout coordinator with in-process replicas\n"
       "              --model PATH --replicas N --bind tcp://127.0.0.1:PORT\n"
-      "              [--replica-bind tcp://0.0.0.0:PORT] [--config FILE.json]\n"
+      "              [--replica-bind tcp://0.0.0.0:PORT] [--config FILE.json] [--tokenizer PATH]\n"
       "              [--engine auto|null] [--device cpu|cuda] [--threads N] [--max-queued N]\n"
       "              [--replica-timeout-ms N] [--stream-timeout-ms N] [--price-replica-hour USD]\n"
       "              [--weights-load-timeout-ms N] [--log-level L]\n"
@@ -40,7 +40,8 @@ void PrintHelp(FILE* out) {
       "  make-model  write a small random model for tests\n"
       "  --help      this text\n"
       "\n"
-      "docs/protocol.md describes the wire protocol and the config file.\n");
+      "bitroll <command> --help lists a command's flags. docs/protocol.md describes the wire\n"
+      "protocol and the config file.\n");
 }
 
 #if !defined(BITROLL_HAVE_CMD_GENERATE) || !defined(BITROLL_HAVE_CMD_MAKE_MODEL)

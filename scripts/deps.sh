@@ -10,7 +10,7 @@ PACKAGES=(
   libflatbuffers-dev flatbuffers-compiler
   liblmdb-dev lmdb-utils
   libspdlog-dev libfmt-dev
-  nlohmann-json3-dev libpcre2-dev libxxhash-dev
+  nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev
   libseccomp-dev bubblewrap
   qemu-system-x86 busybox-static cpio
   iproute2 procps

@@ -17,42 +17,18 @@
 #include <string>
 #include <vector>
 
+#include "rollout/cli_test_util.h"
+
 namespace bitroll::rollout {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CmdResult {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // Runs `bitroll ARGS` without BITROLL_MODEL and collects its exit status, stdout and stderr.
 CmdResult Bitroll(const std::vector<std::string>& args) {
-  const fs::path err = fs::temp_directory_path() / ("bitroll_cli_" + std::to_string(getpid()));
-  std::string cmd = "env -u BITROLL_MODEL " + Quote(BITROLL_EXE);
-  for (const auto& a : args) cmd += " " + Quote(a);
-  cmd += " 2>" + Quote(err.string()) + " </dev/null";
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream f(err);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  r.err = ss.str();
-  fs::remove(err);
-  return r;
+  std::string cmd = "env -u BITROLL_MODEL " + ShellQuote(BITROLL_EXE);
+  for (const auto& a : args) cmd += " " + ShellQuote(a);
+  return RunShell(cmd);
 }
 
 struct Command {

@@ -46,6 +46,21 @@ std::unique_ptr<Client> Connect(const std::string& ep) {
   return std::move(c).value();
 }
 
+// A replica DEALER that says hello (NullEngine fingerprint, vocabulary 512) and then whatever the
+// test sends, or nothing at all.
+zmq::socket_t FakeReplica(zmq::context_t& ctx, const std::string& endpoint, const char* name) {
+  zmq::socket_t fake(ctx, zmq::socket_type::dealer);
+  fake.set(zmq::sockopt::linger, 0);
+  fake.connect(endpoint);
+  flatbuffers::FlatBufferBuilder fbb;
+  auto fp = wire::CreateFingerprint(fbb, NullEngineOptions{}.weights_hash, 0, 0,
+                                    fbb.CreateString("null"));
+  auto h = wire::CreateReplicaHello(fbb, fbb.CreateString(name), 512, 4096, fp, 64, 0, true);
+  FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
+  fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+  return fake;
+}
+
 // The reference: each sample run alone in a fresh engine, no coordinator involved.
 engine::SequenceOutput Reference(const std::vector<int32_t>& prompt, const SubmitRequest& q,
                                  uint32_t sample, NullEngineOptions ne = {},
@@ -385,17 +400,7 @@ TEST(CoordinatorTest, SilentReplicaTimesOutAndItsWorkMoves) {
   o.submit.vocab_size = 512;
   Server s = StartServer(0, o);
   zmq::context_t ctx(1);
-  zmq::socket_t fake(ctx, zmq::socket_type::dealer);
-  fake.set(zmq::sockopt::linger, 0);
-  fake.connect(s.coord->replica_endpoint());
-  {
-    flatbuffers::FlatBufferBuilder fbb;
-    auto fp = wire::CreateFingerprint(fbb, NullEngineOptions{}.weights_hash, 0, 0,
-                                      fbb.CreateString("null"));
-    auto h = wire::CreateReplicaHello(fbb, fbb.CreateString("silent"), 512, 4096, fp, 64, 0, true);
-    FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
-    fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
-  }
+  zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "silent");
   std::this_thread::sleep_for(50ms);
   auto client = Connect(s.endpoint);
   const SubmitRequest q = TestGroup(1);
@@ -499,17 +504,7 @@ TEST(CoordinatorTest, UpdateNoReplicaInstalledIsNotAcked) {
 
   // A replica that takes the update and never answers (it hangs) is declared dead.
   zmq::context_t ctx(1);
-  zmq::socket_t fake(ctx, zmq::socket_type::dealer);
-  fake.set(zmq::sockopt::linger, 0);
-  fake.connect(s.coord->replica_endpoint());
-  {
-    flatbuffers::FlatBufferBuilder fbb;
-    auto fp = wire::CreateFingerprint(fbb, NullEngineOptions{}.weights_hash, 0, 0,
-                                      fbb.CreateString("null"));
-    auto h = wire::CreateReplicaHello(fbb, fbb.CreateString("hung"), 512, 4096, fp, 64, 0, true);
-    FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
-    fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
-  }
+  zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "hung");
   std::this_thread::sleep_for(100ms);
   const auto t0 = std::chrono::steady_clock::now();
   auto dead = client->UpdateWeights("w4", 4, /*drain=*/false, kTimeoutMs);

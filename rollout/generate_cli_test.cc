@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "rollout/cli_test_util.h"
 #include "rollout/client.h"
 #include "rollout/coordinator.h"
 
@@ -37,40 +38,14 @@ std::string ModelPath() {
   return std::string(BITROLL_MODELS_DIR) + "/stories260K.bin";
 }
 
-struct CmdResult {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // Runs `bitroll generate ARGS` (model, tokenizer and a short generation added) and collects its
 // exit status, stdout and stderr.
 CmdResult Generate(const std::vector<std::string>& args) {
-  const fs::path err = fs::temp_directory_path() / ("bitroll_gen_cli_" + std::to_string(getpid()));
-  std::string cmd = Quote(BITROLL_EXE) + " generate --model " + Quote(ModelPath()) +
-                    " --tokenizer " + Quote(std::string(BITROLL_MODELS_DIR) + "/tok512.bin") +
+  std::string cmd = ShellQuote(BITROLL_EXE) + " generate --model " + ShellQuote(ModelPath()) +
+                    " --tokenizer " + ShellQuote(std::string(BITROLL_MODELS_DIR) + "/tok512.bin") +
                     " --prompt 'Once upon a time' -n 2 --max-tokens 24";
-  for (const auto& a : args) cmd += " " + Quote(a);
-  cmd += " 2>" + Quote(err.string());
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream f(err);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  r.err = ss.str();
-  fs::remove(err);
-  return r;
+  for (const auto& a : args) cmd += " " + ShellQuote(a);
+  return RunShell(cmd);
 }
 
 struct Sample {

@@ -323,26 +323,16 @@ def main():
     ap.add_argument("--innocent-s", type=float, default=20.0)
     ap.add_argument("--abort-s", type=float, default=30.0)
     ap.add_argument("--wal-mib", type=int, default=1024, help="tmpfs size for the WAL")
-    a = ap.parse_args()
-    if not a.bitroll or not os.access(a.bitroll, os.X_OK):
-        ap.error("no bitroll executable: pass --bitroll or set BITROLL_EXE")
-    if not os.path.exists(a.model):
-        print(f"SKIPPED LOUDLY: model {a.model} not found (BITROLL_MODELS_DIR)")
+    a = oc.parse_args(ap)
+    if a is None:
         return 0
     t0 = time.time()
     with oc.TempDir("bitroll_hostile_") as tmp:
         h = Hostile(a, tmp)
         h.run()
-    print(f"hostile_limits_test ({a.mode}): {time.time() - t0:.1f} s")
     for line in h.outcomes:
         print("  " + line)
-    if h.failures:
-        print(f"FAILED: {len(h.failures)} check(s):")
-        for f in h.failures:
-            print("  " + f)
-        return 1
-    print("PASS")
-    return 0
+    return oc.report(f"hostile_limits_test ({a.mode})", h.failures, t0)
 
 
 if __name__ == "__main__":

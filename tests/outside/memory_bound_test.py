@@ -67,13 +67,7 @@ class Run:
         print("FAIL " + line, flush=True)
 
     def status(self, w, timeout=10.0):
-        rid = w.send_status()
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            for ev in w.recv_all(50):
-                if ev.kind == "status" and ev.rid == rid:
-                    return ev.data
-        return None
+        return oc.wait_status(w, timeout, poll_ms=50)
 
     def run_group(self, w, gid, spec, timeout):
         """Submits and reads one group: (trajectories, GroupDone or None, errors, seconds)."""
@@ -272,11 +266,8 @@ def main():
     ap.add_argument("--serve-s", type=float, default=30.0,
                     help="the normal client's group must complete within this")
     ap.add_argument("--idle-s", type=float, default=30.0)
-    a = ap.parse_args()
-    if not a.bitroll or not os.access(a.bitroll, os.X_OK):
-        ap.error("no bitroll executable: pass --bitroll or set BITROLL_EXE")
-    if not os.path.exists(a.model):
-        print(f"SKIPPED LOUDLY: model {a.model} not found (BITROLL_MODELS_DIR)")
+    a = oc.parse_args(ap)
+    if a is None:
         return 0
     a.buffer_flag = oc.supports_flag(a.bitroll, a.model, "--max-client-buffer-bytes", "1048576")
     if not a.buffer_flag:
@@ -288,14 +279,7 @@ def main():
             r = Run(a, mode, tmp)
             r.run()
             failures += r.failures
-    print(f"memory_bound_test: {time.time() - t0:.1f} s")
-    if failures:
-        print(f"FAILED: {len(failures)} check(s):")
-        for f in failures:
-            print("  " + f)
-        return 1
-    print("PASS")
-    return 0
+    return oc.report("memory_bound_test", failures, t0)
 
 
 if __name__ == "__main__":

@@ -266,6 +266,41 @@ class Wire:
 
 # ---- references: `bitroll generate --json` ------------------------------------------------------
 
+def wait_status(wire, timeout=10.0, poll_ms=20):
+    """Sends Status on `wire` and returns its StatusReply's data, or None after `timeout` s.
+    Replies come in order, so everything the service answered before it has arrived too."""
+    rid = wire.send_status()
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for ev in wire.recv_all(poll_ms):
+            if ev.kind == "status" and ev.rid == rid:
+                return ev.data
+    return None
+
+
+def parse_args(ap):
+    """ap.parse_args() plus the checks every outside test makes; None: skip (said loudly)."""
+    a = ap.parse_args()
+    if not a.bitroll or not os.access(a.bitroll, os.X_OK):
+        ap.error("no bitroll executable: pass --bitroll or set BITROLL_EXE")
+    if not os.path.exists(a.model):
+        print(f"SKIPPED LOUDLY: model {a.model} not found (BITROLL_MODELS_DIR)")
+        return None
+    return a
+
+
+def report(name, failures, t0):
+    """Prints the verdict of a test that collected `failures`; returns its exit status."""
+    print(f"{name}: {time.time() - t0:.1f} s")
+    if failures:
+        print(f"FAILED: {len(failures)} check(s):")
+        for f in failures:
+            print("  " + f)
+        return 1
+    print("PASS")
+    return 0
+
+
 class References:
     """Trajectories of `bitroll generate --json`, once per distinct (prompts, params, seed,
     max_tokens, n), cached in memory: key -> {(prompt_index, sample_index): (ids, bits)}."""

@@ -724,11 +724,8 @@ def main():
     ap.add_argument("--ops-off", default="", help="comma-separated ops never drawn (to narrow a "
                     "failure down), e.g. update,abort_other,ack_other,kill")
     ap.add_argument("--trace", type=int, default=40, help="ops of trace printed on failure")
-    a = ap.parse_args()
-    if not a.bitroll or not os.access(a.bitroll, os.X_OK):
-        ap.error("no bitroll executable: pass --bitroll or set BITROLL_EXE")
-    if not os.path.exists(a.model):
-        print(f"SKIPPED LOUDLY: model {a.model} not found (BITROLL_MODELS_DIR)")
+    a = oc.parse_args(ap)
+    if a is None:
         return 0
     return Model(a).run()
 

@@ -1,6 +1,15 @@
 // Engine benchmark (run by hand; never by ctest):
 //   build/tests/bench_engine [--models-dir DIR] [--work DIR] [--reps N] [--quick]
 //                            [--model stories260K|stories110m] [--batch B] [--threads T]
+//   build/tests/bench_engine --attention-suite [--work DIR] [--reps N] [--threads T]
+//
+// --attention-suite: the regimes where attention dominates (docs/benchmarks.md, "Attention"), on
+// a random-weight stories110m shape with an 8,192-token context (written into --work on first
+// use), fp32, greedy: decode tok/s at batch 1 after a 256- and a 4,096-token prompt, prefill tok/s
+// of 512- and 4,096-token prompts (the steps before the first token, default prefill chunking),
+// batch 32 of 128-token prompts + 128 generated tokens (decode steps only), and batch-1 decode at
+// context 256 with the attention kernel forced to single and to split. One line per case and rep,
+// then a table of medians.
 //
 // Decode tok/s at batch 1, 8, 32, 64 with 1 and 2 threads, and prefill tok/s, on stories260K and
 // on a random-weight stories110m (written with make-model into --work on first use), with fp32
@@ -13,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -104,6 +114,94 @@ double PrefillTokPerSec(std::shared_ptr<const engine::ModelWeights> w, const Con
   return len / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// `batch` sequences with a `prompt_len`-token prompt, then `gen` generated tokens each. Returns
+// decode tok/s over the steps in which every row is a decode row; *prefill_tps gets the prompt
+// tokens per second of the steps before the first token (default prefill chunking).
+double ContextRun(std::shared_ptr<const engine::ModelWeights> w, const Config& cfg, int prompt_len,
+                  int gen, double* prefill_tps) {
+  auto e = Make(w, cfg, 4096);
+  for (int i = 0; i < cfg.batch; ++i) {
+    engine::SequenceRequest r;
+    r.id = i;
+    r.prompt.push_back(1);
+    for (int k = 1; k < prompt_len; ++k) r.prompt.push_back(3 + (i * 31 + k * 13) % 250);
+    r.sampling.temperature = 0.0f;
+    r.sample_index = i;
+    r.stop.max_tokens = gen;
+    r.stop.stop_at_eos = r.stop.stop_at_bos = false;
+    (void)e->Add(r);
+  }
+  double decode_s = 0, prefill_s = 0;
+  int64_t decoded = 0;
+  bool first_token = false;
+  while (e->HasWork()) {
+    auto s = e->Step();
+    if (!s.ok()) std::exit(1);
+    if (!first_token) prefill_s += s->seconds;
+    if (!s->tokens.empty()) first_token = true;
+    if (s->tokens_processed == cfg.batch && static_cast<int>(s->tokens.size()) == cfg.batch) {
+      decode_s += s->seconds;
+      decoded += cfg.batch;
+    }
+  }
+  if (prefill_tps != nullptr) {
+    *prefill_tps = prefill_s > 0 ? static_cast<double>(prompt_len) * cfg.batch / prefill_s : 0.0;
+  }
+  return decode_s > 0 ? decoded / decode_s : 0.0;
+}
+
+int AttentionSuite(const std::string& work, int reps, int threads) {
+  const std::string path = work + "/stories110m-8k/model.bin";
+  if (!std::filesystem::exists(path)) {
+    auto shape = engine::NamedShape("stories110m");
+    if (!shape.ok()) return 1;
+    shape->max_seq_len = 8192;
+    std::filesystem::create_directories(work + "/stories110m-8k");
+    std::fprintf(stderr, "writing random-weight stories110m (8k context) to %s ...\n",
+                 path.c_str());
+    if (!engine::WriteRandomModel(*shape, 1, path, work + "/stories110m-8k/tokenizer.bin").ok()) {
+      std::fprintf(stderr, "cannot write the model\n");
+      return 1;
+    }
+  }
+  auto lw = engine::LoadModelWeights(path);
+  if (!lw.ok()) {
+    std::fprintf(stderr, "%s: %s\n", path.c_str(), lw.status().ToString().c_str());
+    return 1;
+  }
+  auto w = std::make_shared<const engine::ModelWeights>(std::move(lw).value());
+  struct Case {
+    const char* name;
+    int batch, prompt, gen;
+    const char* attention;
+  };
+  // The 4,096-token cases report both the prefill of their prompt and the decode after it.
+  const Case cases[] = {
+      {"b1 ctx256", 1, 256, 33, "auto"},        {"b1 ctx256 single", 1, 256, 33, "single"},
+      {"b1 ctx256 split", 1, 256, 33, "split"}, {"b1 ctx4096", 1, 4096, 17, "auto"},
+      {"b32 p128+128", 32, 128, 128, "auto"},   {"b1 prompt 512", 1, 512, 1, "auto"},
+  };
+  std::vector<std::vector<double>> decode(std::size(cases)), prefill(std::size(cases));
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t i = 0; i < std::size(cases); ++i) {
+      const Case& c = cases[i];
+      Config cfg{c.batch, threads, c.attention};
+      double pf = 0;
+      const double dec = ContextRun(w, cfg, c.prompt, c.gen, &pf);
+      decode[i].push_back(dec);
+      prefill[i].push_back(pf);
+      std::printf("rep %d | %s | prefill %.1f tok/s | decode %.1f tok/s\n", rep, c.name, pf, dec);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("| case | threads | prefill tok/s | decode tok/s |\n|---|---|---|---|\n");
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    std::printf("| %s | %d | %.1f | %.1f |\n", cases[i].name, threads, Median(prefill[i]),
+                cases[i].gen > 1 ? Median(decode[i]) : 0.0);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -113,6 +211,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only_model;
   int only_batch = 0, only_threads = 0;
+  bool attention_suite = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--models-dir" && i + 1 < argc)
@@ -123,6 +222,8 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     else if (a == "--quick")
       quick = true;
+    else if (a == "--attention-suite")
+      attention_suite = true;
     else if (a == "--model" && i + 1 < argc)
       only_model = argv[++i];
     else if (a == "--batch" && i + 1 < argc)
@@ -131,6 +232,7 @@ int main(int argc, char** argv) {
       only_threads = std::atoi(argv[++i]);
   }
   std::filesystem::create_directories(work);
+  if (attention_suite) return AttentionSuite(work, reps, only_threads > 0 ? only_threads : 2);
   const std::string m110 = work + "/stories110m/model.bin";
   if (!std::filesystem::exists(m110)) {
     std::fprintf(stderr, "writing random-weight stories110m to %s ...\n", m110.c_str());

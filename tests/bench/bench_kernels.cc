@@ -1,6 +1,12 @@
 // bench_kernels: measured machine limits (FMA peak, read bandwidth, ThreadPool latency) and Matmul
 // throughput on the stories110m shapes, as % of those limits. Run by hand, briefly:
 //   build/kernels/bench_kernels [--isa=auto|scalar|avx2|avx512] [--reps=5] [--quick] [--clock=cpu]
+//                               [--attention[=CASE]]
+// --attention runs only the attention cases (stories110m heads: 12 x 64, block size 16): decode
+// at batch 1 (contexts 256 and 4,096) and batch 32 (contexts 129-255), and prefill of 512 and
+// 4,096 rows of one sequence in 256-row calls as the engine chunks them, with the single-worker,
+// split-tail and auto kernels on 1 and 2 threads; --attention=CASE only the cases whose name
+// contains CASE (e.g. --attention=decode).
 // Every figure is the median of --reps repetitions; each repetition runs for >= ~20 ms.
 // --clock=wall (default) times with the wall clock. --clock=cpu divides the process CPU time by the
 // thread count instead: on a shared, oversubscribed machine this estimates what the code does when
@@ -23,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/math.h"
 #include "kernels/cpu/matmul.h"
@@ -179,12 +186,109 @@ struct Shape {
   int64_t n, k;
 };
 
+// ---- Attention on the stories110m head shape ----
+
+// One attention workload: its rows, passed to Attention() rows_per_call at a time.
+struct AttentionCase {
+  const char* name;
+  std::vector<int32_t> positions;  // all rows of all calls
+  std::vector<int32_t> sequence;   // the sequence (block table) of each row
+  int32_t rows_per_call;
+};
+
+int BenchAttention(bk::Isa isa, int reps, const std::string& only) {
+  constexpr int32_t kHeads = 12, kHeadDim = 64, kBlock = 16;
+  std::vector<AttentionCase> cases;
+  cases.push_back({"decode b1 ctx256", {255}, {0}, 1});
+  cases.push_back({"decode b1 ctx4096", {4095}, {0}, 1});
+  {
+    AttentionCase c{"decode b32 ctx129-255", {}, {}, 32};
+    for (int32_t i = 0; i < 32; ++i) {
+      c.positions.push_back(128 + 4 * i);
+      c.sequence.push_back(i);
+    }
+    cases.push_back(c);
+  }
+  for (int32_t len : {512, 4096}) {
+    AttentionCase c{len == 512 ? "prefill 512" : "prefill 4096", {}, {}, 256};
+    for (int32_t t = 0; t < len; ++t) {
+      c.positions.push_back(t);
+      c.sequence.push_back(0);
+    }
+    cases.push_back(c);
+  }
+  std::printf("\n%-24s %6s %3s %11s %9s\n", "attention", "kernel", "thr", "us/call", "GFLOP/s");
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0, 1.0f);
+  for (const AttentionCase& c : cases) {
+    if (std::string(c.name).find(only) == std::string::npos) continue;
+    int32_t n_seq = 0, max_pos = 0;
+    for (size_t i = 0; i < c.positions.size(); ++i) {
+      n_seq = std::max(n_seq, c.sequence[i] + 1);
+      max_pos = std::max(max_pos, c.positions[i]);
+    }
+    const int32_t blocks_per_seq = max_pos / kBlock + 1;
+    // Each sequence's blocks are spread over the pool (every other block id), as a busy cache has.
+    std::vector<std::vector<int32_t>> tables(n_seq);
+    for (int32_t s = 0; s < n_seq; ++s) {
+      for (int32_t b = 0; b < blocks_per_seq; ++b) tables[s].push_back(2 * (b * n_seq + s));
+    }
+    const int64_t pool_floats = int64_t{2} * n_seq * blocks_per_seq * kHeads * kHeadDim * kBlock;
+    std::vector<float> kc(pool_floats), vc(pool_floats);
+    for (float& v : kc) v = dist(rng);
+    for (float& v : vc) v = dist(rng);
+    const int64_t n = static_cast<int64_t>(c.positions.size());
+    std::vector<float> q(n * kHeads * kHeadDim), out(q.size());
+    for (float& v : q) v = dist(rng);
+    std::vector<const int32_t*> row_tables(n);
+    double flops = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      row_tables[i] = tables[c.sequence[i]].data();
+      flops += 4.0 * kHeads * kHeadDim * (c.positions[i] + 1);
+    }
+    for (bk::AttentionKernel kernel :
+         {bk::AttentionKernel::kAuto, bk::AttentionKernel::kSingle, bk::AttentionKernel::kSplit}) {
+      for (int threads : {1, 2}) {
+        bk::ThreadPool pool(threads);
+        bk::AttentionScratch scratch;
+        Clock::threads = threads;
+        const double t = TimePerCall(
+            [&] {
+              for (int64_t r0 = 0; r0 < n; r0 += c.rows_per_call) {
+                bk::AttentionParams p;
+                p.n_tokens = static_cast<int32_t>(std::min<int64_t>(c.rows_per_call, n - r0));
+                p.n_heads = kHeads;
+                p.n_kv_heads = kHeads;
+                p.head_dim = kHeadDim;
+                p.block_size = kBlock;
+                p.q = q.data() + r0 * kHeads * kHeadDim;
+                p.out = out.data() + r0 * kHeads * kHeadDim;
+                p.k_cache = kc.data();
+                p.v_cache = vc.data();
+                p.positions = c.positions.data() + r0;
+                p.block_tables = row_tables.data() + r0;
+                p.scale = 0.125f;
+                bk::Attention(isa, p, kernel, &pool, &scratch);
+              }
+            },
+            reps);
+        std::printf("%-24s %6s %3d %11.1f %9.1f\n", c.name, bk::AttentionKernelName(kernel),
+                    threads, t * 1e6, flops / t / 1e9);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string isa_name = "auto";
   int reps = 5;
   bool quick = false;
+  bool attention = false;
+  std::string attention_only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--isa=", 0) == 0) {
@@ -193,6 +297,11 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(a.c_str() + 7));
     } else if (a == "--quick") {
       quick = true;
+    } else if (a == "--attention") {
+      attention = true;
+    } else if (a.rfind("--attention=", 0) == 0) {
+      attention = true;
+      attention_only = a.substr(12);
     } else if (a == "--clock=cpu") {
       Clock::cpu = true;
     } else if (a == "--clock=wall") {
@@ -200,7 +309,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--isa=auto|scalar|avx2|avx512] [--reps=N] [--quick] "
-                   "[--clock=wall|cpu]\n",
+                   "[--clock=wall|cpu] [--attention[=CASE]]\n",
                    argv[0]);
       return 2;
     }
@@ -214,6 +323,7 @@ int main(int argc, char** argv) {
   const unsigned hw = std::thread::hardware_concurrency();
   std::printf("bench_kernels: isa=%s reps=%d (medians) clock=%s hardware threads=%u\n",
               bk::IsaName(isa), reps, Clock::cpu ? "cpu" : "wall", hw);
+  if (attention) return BenchAttention(isa, reps, attention_only);
 
   // Machine limits.
   double peak[3] = {0, 0, 0}, bw[3] = {0, 0, 0};

@@ -75,8 +75,19 @@ void ChunkPartial(Isa isa, const AttentionParams& p, const float* q, int32_t kvh
 }
 
 // deterministic: element-wise multiplies and adds only (no contraction, no reduction), so the
-// compiler's vectorization of these loops cannot change a bit; one version serves every ISA.
-void MergePartial(Isa /*isa*/, int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c) {
+// compiler's vectorization of these loops cannot change a bit. The AVX2 / AVX-512 twins
+// (attention_avx*.cc) run these same operations with inlined hardware fma in Exp().
+void MergePartial(Isa isa, int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c) {
+  switch (isa) {
+    case Isa::kAvx512:
+      internal::MergePartialAvx512(head_dim, acc, c);
+      return;
+    case Isa::kAvx2:
+      internal::MergePartialAvx2(head_dim, acc, c);
+      return;
+    case Isa::kScalar:
+      break;
+  }
   const float m = std::max(acc->m, c.m);
   const float a = Exp(acc->m - m);
   const float b = Exp(c.m - m);
@@ -96,6 +107,39 @@ void FinishPartial(Isa /*isa*/, int32_t head_dim, const AttentionPartial& acc, f
 }
 
 namespace {
+
+using internal::ChunkJob;
+using internal::kMaxChunkJobs;
+
+// Up to this many consecutive query rows of one sequence and head run as one task, so each chunk
+// of K/V is loaded once for all of them.
+constexpr int32_t kGroupQueries = 8;
+
+// out[i] <- the canonical partial of jobs[i]; bit-identical to ChunkPartial of each job alone.
+void ChunkPartials(Isa isa, const AttentionParams& p, const ChunkJob* jobs, int32_t n,
+                   AttentionPartial* out) {
+  switch (isa) {
+    case Isa::kAvx512:
+      internal::ChunkPartialsAvx512(p, jobs, n, out);
+      return;
+    case Isa::kAvx2:
+      internal::ChunkPartialsAvx2(p, jobs, n, out);
+      return;
+    case Isa::kScalar:
+      break;
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    internal::ChunkPartialScalar(p, jobs[i].q, jobs[i].kvh, jobs[i].blocks, jobs[i].position,
+                                 jobs[i].chunk, &out[i]);
+  }
+}
+
+// acc <- c (the merge's starting state is chunk 0's partial, unchanged).
+void CopyPartial(int32_t head_dim, const AttentionPartial& c, AttentionPartial* acc) {
+  acc->m = c.m;
+  acc->l = c.l;
+  std::memcpy(acc->o, c.o, sizeof(float) * head_dim);
+}
 
 inline int32_t NumChunks(int32_t position) {
   return position / kAttentionChunk + 1;
@@ -122,21 +166,52 @@ inline int32_t KvHeadOf(const AttentionParams& p, int32_t head) {
   return head / (p.n_heads / p.n_kv_heads);
 }
 
-// The single-worker kernel: all chunks of one item, merged as they are produced.
-void RunSingle(Isa isa, const AttentionParams& p, Item it) {
-  const int32_t pos = p.positions[it.token];
-  const int32_t* blocks = p.block_tables[it.token];
-  const float* q = QueryOf(p, it);
-  const int32_t kvh = KvHeadOf(p, it.head);
-  AttentionPartial acc;
-  AttentionPartial part;
-  ChunkPartial(isa, p, q, kvh, blocks, pos, 0, &acc);
-  const int32_t n = NumChunks(pos);
-  for (int32_t c = 1; c < n; ++c) {
-    ChunkPartial(isa, p, q, kvh, blocks, pos, c, &part);
-    MergePartial(isa, p.head_dim, &acc, part);
+inline ChunkJob JobOf(const AttentionParams& p, Item it, int32_t chunk) {
+  return {QueryOf(p, it), p.block_tables[it.token], KvHeadOf(p, it.head), p.positions[it.token],
+          chunk};
+}
+
+// The single-worker kernel for the items (tokens first .. first + n_queries - 1, head `head`):
+// each item walks all its chunks and merges them left to right as they are produced. The items
+// only share the task: their chunks are computed kMaxChunkJobs at a time (the same chunk of
+// several queries, or consecutive chunks of one query), and each partial is merged into its own
+// item's state in chunk order, so every item gets the bits of a one-item, one-chunk-at-a-time
+// walk.
+void RunSingle(Isa isa, const AttentionParams& p, int32_t first, int32_t n_queries, int32_t head) {
+  AttentionPartial acc[kGroupQueries];
+  AttentionPartial parts[kMaxChunkJobs];
+  ChunkJob jobs[kMaxChunkJobs];
+  int32_t owner[kMaxChunkJobs];
+  int32_t n_chunks[kGroupQueries];
+  int32_t max_chunks = 0;
+  for (int32_t i = 0; i < n_queries; ++i) {
+    n_chunks[i] = NumChunks(p.positions[first + i]);
+    max_chunks = std::max(max_chunks, n_chunks[i]);
   }
-  FinishPartial(isa, p.head_dim, acc, OutOf(p, it));
+  int32_t n_jobs = 0;
+  auto flush = [&] {
+    ChunkPartials(isa, p, jobs, n_jobs, parts);
+    for (int32_t k = 0; k < n_jobs; ++k) {
+      if (jobs[k].chunk == 0) {
+        CopyPartial(p.head_dim, parts[k], &acc[owner[k]]);
+      } else {
+        MergePartial(isa, p.head_dim, &acc[owner[k]], parts[k]);
+      }
+    }
+    n_jobs = 0;
+  };
+  for (int32_t c = 0; c < max_chunks; ++c) {  // the jobs chunk-major, then query by query
+    for (int32_t i = 0; i < n_queries; ++i) {
+      if (c >= n_chunks[i]) continue;
+      jobs[n_jobs] = JobOf(p, {first + i, head}, c);
+      owner[n_jobs] = i;
+      if (++n_jobs == kMaxChunkJobs) flush();
+    }
+  }
+  if (n_jobs > 0) flush();
+  for (int32_t i = 0; i < n_queries; ++i) {
+    FinishPartial(isa, p.head_dim, acc[i], OutOf(p, {first + i, head}));
+  }
 }
 
 }  // namespace
@@ -146,6 +221,8 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   const int64_t n_items = static_cast<int64_t>(p.n_tokens) * p.n_heads;
   if (n_items == 0) return;
   const int workers = pool != nullptr ? pool->size() : 1;
+  AttentionScratch local;
+  AttentionScratch* s = scratch != nullptr ? scratch : &local;
 
   // Which items run split. kAuto: the tail of the last wave, when there are idle workers for it.
   int64_t first_split = n_items;
@@ -156,53 +233,81 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     first_split = n_items - tail;
   }
 
-  // Split items: one task per chunk, partials laid out item-major in the scratch.
-  std::vector<int64_t> split_items;
-  std::vector<int64_t> chunk_base;  // first partial of each split item
+  // Split items: their partials laid out item-major in the scratch.
+  std::vector<int64_t>& split_items = s->split_items;
+  std::vector<int64_t>& chunk_base = s->chunk_base;  // first partial of each split item
+  std::vector<uint8_t>& is_split = s->is_split;
+  split_items.clear();
+  chunk_base.clear();
+  is_split.assign(n_items, 0);
   int64_t n_partials = 0;
   for (int64_t i = first_split; i < n_items; ++i) {
     const int32_t n = NumChunks(p.positions[ItemOf(p, i).token]);
     if (n < 2 && kernel != AttentionKernel::kSplit) continue;
     split_items.push_back(i);
     chunk_base.push_back(n_partials);
+    is_split[i] = 1;
     n_partials += n;
   }
-  std::vector<uint8_t> is_split(n_items - first_split, 0);
-  for (int64_t i : split_items) is_split[i - first_split] = 1;
-  std::vector<int64_t> single_items;
-  single_items.reserve(n_items - split_items.size());
-  for (int64_t i = 0; i < n_items; ++i) {
-    if (i < first_split || !is_split[i - first_split]) single_items.push_back(i);
-  }
-
-  AttentionScratch local;
-  AttentionScratch* s = scratch != nullptr ? scratch : &local;
   if (static_cast<int64_t>(s->partials.size()) < n_partials) s->partials.resize(n_partials);
 
-  // Phase 1: single-worker items, and every chunk of every split item.
-  const int64_t n_single = static_cast<int64_t>(single_items.size());
-  const int64_t n_tasks = n_single + n_partials;
+  // Phase 1 tasks, three int32 each. Single-worker groups {first token, tokens, head}: runs of up
+  // to kGroupQueries consecutive tokens of one head and one sequence (same block table), none of
+  // them split. Then the split chunk groups {-1 - split index, first chunk, chunks}: up to
+  // kMaxChunkJobs consecutive chunks of one split item (fewer when the item has few chunks, so
+  // that its chunks still spread over the workers).
+  std::vector<int32_t>& tasks = s->tasks;
+  tasks.clear();
+  for (int32_t h = 0; h < p.n_heads; ++h) {
+    int32_t group_first = 0, group_n = 0;
+    for (int32_t t = 0; t < p.n_tokens; ++t) {
+      if (is_split[static_cast<int64_t>(t) * p.n_heads + h]) {
+        if (group_n > 0) tasks.insert(tasks.end(), {group_first, group_n, h});
+        group_n = 0;
+        continue;
+      }
+      if (group_n > 0 && group_n < kGroupQueries && group_first + group_n == t &&
+          p.block_tables[t] == p.block_tables[group_first]) {
+        ++group_n;
+        continue;
+      }
+      if (group_n > 0) tasks.insert(tasks.end(), {group_first, group_n, h});
+      group_first = t;
+      group_n = 1;
+    }
+    if (group_n > 0) tasks.insert(tasks.end(), {group_first, group_n, h});
+  }
+  for (size_t k = 0; k < split_items.size(); ++k) {
+    const int32_t n = NumChunks(p.positions[ItemOf(p, split_items[k]).token]);
+    const int32_t per =
+        std::clamp<int32_t>((n + workers - 1) / workers, 1, static_cast<int32_t>(kMaxChunkJobs));
+    for (int32_t c0 = 0; c0 < n; c0 += per) {
+      tasks.insert(tasks.end(), {-1 - static_cast<int32_t>(k), c0, std::min(per, n - c0)});
+    }
+  }
+
+  // Phase 1: single-worker groups, and every chunk of every split item.
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size()) / 3;
   auto phase1 = [&](int /*worker*/, int64_t task) {
-    if (task < n_single) {
-      RunSingle(isa, p, ItemOf(p, single_items[task]));
+    const int32_t* t = &tasks[3 * task];
+    if (t[0] >= 0) {
+      RunSingle(isa, p, t[0], t[1], t[2]);
       return;
     }
-    const int64_t part = task - n_single;
-    // The split item owning this partial: the last chunk_base <= part.
-    const int64_t k =
-        std::upper_bound(chunk_base.begin(), chunk_base.end(), part) - chunk_base.begin() - 1;
+    const int64_t k = -1 - t[0];
     const Item it = ItemOf(p, split_items[k]);
-    const int32_t chunk = static_cast<int32_t>(part - chunk_base[k]);
-    ChunkPartial(isa, p, QueryOf(p, it), KvHeadOf(p, it.head), p.block_tables[it.token],
-                 p.positions[it.token], chunk, &s->partials[part]);
+    ChunkJob jobs[kMaxChunkJobs];
+    for (int32_t c = 0; c < t[2]; ++c) jobs[c] = JobOf(p, it, t[1] + c);
+    ChunkPartials(isa, p, jobs, t[2], &s->partials[chunk_base[k] + t[1]]);
   };
   // Phase 2: one worker per split item merges its partials left to right.
   auto phase2 = [&](int /*worker*/, int64_t k) {
     const Item it = ItemOf(p, split_items[k]);
     const int32_t n = NumChunks(p.positions[it.token]);
-    AttentionPartial acc = s->partials[chunk_base[k]];
-    for (int32_t c = 1; c < n; ++c)
-      MergePartial(isa, p.head_dim, &acc, s->partials[chunk_base[k] + c]);
+    const AttentionPartial* parts = &s->partials[chunk_base[k]];
+    AttentionPartial acc;
+    CopyPartial(p.head_dim, parts[0], &acc);
+    for (int32_t c = 1; c < n; ++c) MergePartial(isa, p.head_dim, &acc, parts[c]);
     FinishPartial(isa, p.head_dim, acc, OutOf(p, it));
   };
   const int64_t n_split = static_cast<int64_t>(split_items.size());

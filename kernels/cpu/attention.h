@@ -20,6 +20,13 @@
 // construction. kAuto picks per item by load: items in the tail of the last wave (fewer items than
 // workers) are split; the rest run single-worker. Which kernel runs never changes a bit.
 //
+// Speed without changing the order: the per-chunk code computes up to 8 chunk partials at once
+// (consecutive chunks of one query, or one chunk of up to 8 consecutive queries of a sequence:
+// prefill rows share their K/V loads), interleaving the independent fma chains of different
+// partials; each partial's own operations and their order are those above. A single-worker task
+// is such a group of queries of one head; a split task is a run of consecutive chunks of one item.
+// How items and chunks are grouped into tasks is a scheduling choice and never changes a bit.
+//
 // ISA: the scalar, AVX2 and AVX-512 versions of the per-chunk code perform the same operations in
 // the same order, so every ISA gives the same bits.
 //
@@ -68,10 +75,15 @@ struct AttentionPartial {
   float o[256];
 };
 
-// Reusable scratch for the split kernel. Not thread-safe; one per engine.
+// Reusable scratch: the split kernel's partials and the work lists of a call (kept so that a call
+// allocates nothing once the scratch has grown). Not thread-safe; one per engine.
 class AttentionScratch {
  public:
   std::vector<AttentionPartial> partials;
+  std::vector<int64_t> split_items;
+  std::vector<int64_t> chunk_base;
+  std::vector<uint8_t> is_split;
+  std::vector<int32_t> tasks;
 };
 
 // Runs attention for every (token, head). `pool` may be nullptr (one worker).

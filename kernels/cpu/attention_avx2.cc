@@ -1,7 +1,12 @@
-// Attention chunk partial, AVX2: keys 0-7 and 8-15 of a chunk in two registers.
-// deterministic: same operations as ChunkPartialScalar, lane j = key j; value accumulation is a
-// per-d fma chain over j in order.
+// Attention chunk partials and merge, AVX2: keys 0-7 and 8-15 of a chunk in two registers.
+// deterministic: same operations as ChunkPartialScalar, lane j = key j: each score is one fma chain
+// over d in order, then one multiply by the scale; each value accumulator o[d] is one fma chain
+// over the chunk's keys j in order. Several jobs are computed together only to interleave their
+// independent chains; no operation of one job reads another job's values, so every partial has
+// the bits of the one-job scalar reference.
 #include <immintrin.h>
+
+#include <algorithm>
 
 #include "kernels/cpu/attention_internal.h"
 #include "kernels/cpu/math_avx2.h"
@@ -16,51 +21,163 @@ inline __m256 LaneMask(int32_t n) {
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
 }
-}  // namespace
 
-void ChunkPartialAvx2(const AttentionParams& p, const float* q, int32_t kvh, const int32_t* blocks,
-                      int32_t position, int32_t chunk, AttentionPartial* out) {
-  const ChunkView c = ViewChunk(p, kvh, blocks, position, chunk);
+// Scores, max, exponentials and their sum for G jobs (2G interleaved score chains).
+template <int G>
+void ScoresG(const AttentionParams& p, const ChunkView* cv, const ChunkJob* jobs,
+             float (*pj)[kAttentionChunk], AttentionPartial* out) {
   const int32_t hd = p.head_dim;
-  const __m256 valid_lo = LaneMask(c.n_valid);
-  const __m256 valid_hi = LaneMask(c.n_valid - 8);
-  __m256 lo = _mm256_setzero_ps();
-  __m256 hi = _mm256_setzero_ps();
+  const int64_t bs = p.block_size;
+  __m256 lo[G], hi[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) lo[g] = hi[g] = _mm256_setzero_ps();
   for (int32_t d = 0; d < hd; ++d) {
-    const __m256 qd = _mm256_set1_ps(q[d]);
-    const float* k = c.k + d * p.block_size;
-    lo = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k), lo);
-    hi = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 8), hi);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m256 qd = _mm256_set1_ps(jobs[g].q[d]);
+      const float* k = cv[g].k + d * bs;
+      lo[g] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k), lo[g]);
+      hi[g] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 8), hi[g]);
+    }
   }
   const __m256 scale = _mm256_set1_ps(p.scale);
   const __m256 ninf = _mm256_set1_ps(-__builtin_inff());
-  lo = _mm256_blendv_ps(ninf, _mm256_mul_ps(lo, scale), valid_lo);
-  hi = _mm256_blendv_ps(ninf, _mm256_mul_ps(hi, scale), valid_hi);
-  const float m = ReduceMax16(lo, hi);
-  const __m256 mv = _mm256_set1_ps(m);
-  const __m256 e_lo = _mm256_and_ps(Exp8(_mm256_sub_ps(lo, mv)), valid_lo);
-  const __m256 e_hi = _mm256_and_ps(Exp8(_mm256_sub_ps(hi, mv)), valid_hi);
-  alignas(32) float pj[16];
-  _mm256_store_ps(pj, e_lo);
-  _mm256_store_ps(pj + 8, e_hi);
-  out->m = m;
-  out->l = ReduceSum16(e_lo, e_hi);
-  int32_t d0 = 0;
-  for (; d0 + 8 <= hd; d0 += 8) {
-    __m256 o = _mm256_setzero_ps();
-    const float* v = c.v + d0;
-    for (int32_t j = 0; j < c.n_valid; ++j) {
-      o = _mm256_fmadd_ps(_mm256_set1_ps(pj[j]), _mm256_loadu_ps(v + j * hd), o);
-    }
-    _mm256_storeu_ps(out->o + d0, o);
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    const __m256 valid_lo = LaneMask(cv[g].n_valid);
+    const __m256 valid_hi = LaneMask(cv[g].n_valid - 8);
+    const __m256 s_lo = _mm256_blendv_ps(ninf, _mm256_mul_ps(lo[g], scale), valid_lo);
+    const __m256 s_hi = _mm256_blendv_ps(ninf, _mm256_mul_ps(hi[g], scale), valid_hi);
+    const float m = ReduceMax16(s_lo, s_hi);
+    const __m256 mv = _mm256_set1_ps(m);
+    const __m256 e_lo = _mm256_and_ps(Exp8(_mm256_sub_ps(s_lo, mv)), valid_lo);
+    const __m256 e_hi = _mm256_and_ps(Exp8(_mm256_sub_ps(s_hi, mv)), valid_hi);
+    _mm256_storeu_ps(pj[g], e_lo);
+    _mm256_storeu_ps(pj[g] + 8, e_hi);
+    out[g].m = m;
+    out[g].l = ReduceSum16(e_lo, e_hi);
   }
-  for (; d0 < hd; ++d0) {  // head_dim not a multiple of 8: the same chain, one lane at a time
+}
+
+// o[d0, d0 + 8 * NB) of one job: NB independent chains over its keys j in order.
+template <int NB>
+void ValuesBlock(int32_t hd, int32_t d0, const ChunkView& c, const float* pj,
+                 AttentionPartial* out) {
+  __m256 o[NB];
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) o[b] = _mm256_setzero_ps();
+  for (int32_t j = 0; j < c.n_valid; ++j) {
+    const __m256 pb = _mm256_set1_ps(pj[j]);
+    const float* v = c.v + static_cast<int64_t>(j) * hd + d0;
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) o[b] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v + 8 * b), o[b]);
+  }
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) _mm256_storeu_ps(out->o + d0 + 8 * b, o[b]);
+}
+
+void Values(int32_t hd, const ChunkView& c, const float* pj, AttentionPartial* out) {
+  int32_t d0 = 0;
+  for (; d0 + 8 <= hd; d0 += 64) {
+    switch (std::min<int32_t>(8, (hd - d0) / 8)) {
+      case 8:
+        ValuesBlock<8>(hd, d0, c, pj, out);
+        break;
+      case 7:
+        ValuesBlock<7>(hd, d0, c, pj, out);
+        break;
+      case 6:
+        ValuesBlock<6>(hd, d0, c, pj, out);
+        break;
+      case 5:
+        ValuesBlock<5>(hd, d0, c, pj, out);
+        break;
+      case 4:
+        ValuesBlock<4>(hd, d0, c, pj, out);
+        break;
+      case 3:
+        ValuesBlock<3>(hd, d0, c, pj, out);
+        break;
+      case 2:
+        ValuesBlock<2>(hd, d0, c, pj, out);
+        break;
+      default:
+        ValuesBlock<1>(hd, d0, c, pj, out);
+        break;
+    }
+  }
+  for (d0 = hd / 8 * 8; d0 < hd; ++d0) {  // head_dim not a multiple of 8: the same chain per lane
     __m128 o = _mm_setzero_ps();
     for (int32_t j = 0; j < c.n_valid; ++j) {
       o = _mm_fmadd_ss(_mm_set_ss(pj[j]), _mm_load_ss(c.v + j * hd + d0), o);
     }
     out->o[d0] = _mm_cvtss_f32(o);
   }
+}
+
+template <int G>
+void PartialsG(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial* out) {
+  ChunkView cv[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    cv[g] = ViewChunk(p, jobs[g].kvh, jobs[g].blocks, jobs[g].position, jobs[g].chunk);
+  }
+  alignas(32) float pj[G][kAttentionChunk];
+  ScoresG<G>(p, cv, jobs, pj, out);
+  for (int g = 0; g < G; ++g) Values(p.head_dim, cv[g], pj[g], out + g);
+}
+
+}  // namespace
+
+void ChunkPartialsAvx2(const AttentionParams& p, const ChunkJob* jobs, int32_t n,
+                       AttentionPartial* out) {
+  for (int32_t i = 0; i < n; i += 4) {
+    switch (std::min<int32_t>(4, n - i)) {
+      case 4:
+        PartialsG<4>(p, jobs + i, out + i);
+        break;
+      case 3:
+        PartialsG<3>(p, jobs + i, out + i);
+        break;
+      case 2:
+        PartialsG<2>(p, jobs + i, out + i);
+        break;
+      default:
+        PartialsG<1>(p, jobs + i, out + i);
+        break;
+    }
+  }
+}
+
+void ChunkPartialAvx2(const AttentionParams& p, const float* q, int32_t kvh, const int32_t* blocks,
+                      int32_t position, int32_t chunk, AttentionPartial* out) {
+  const ChunkJob job{q, blocks, kvh, position, chunk};
+  PartialsG<1>(p, &job, out);
+}
+
+// deterministic: MergePartial's operations (attention.cc) in the same order; the element-wise
+// o update runs 8 lanes at a time with explicit multiplies and add (no contraction).
+void MergePartialAvx2(int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c) {
+  const float m = std::max(acc->m, c.m);
+  const float a = Exp(acc->m - m);
+  const float b = Exp(c.m - m);
+  const float la = acc->l * a;
+  const float lb = c.l * b;
+  acc->l = la + lb;
+  const __m256 va = _mm256_set1_ps(a);
+  const __m256 vb = _mm256_set1_ps(b);
+  int32_t d = 0;
+  for (; d + 8 <= head_dim; d += 8) {
+    const __m256 oa = _mm256_mul_ps(_mm256_loadu_ps(acc->o + d), va);
+    const __m256 ob = _mm256_mul_ps(_mm256_loadu_ps(c.o + d), vb);
+    _mm256_storeu_ps(acc->o + d, _mm256_add_ps(oa, ob));
+  }
+  for (; d < head_dim; ++d) {
+    const float oa = acc->o[d] * a;
+    const float ob = c.o[d] * b;
+    acc->o[d] = oa + ob;
+  }
+  acc->m = m;
 }
 
 }  // namespace bitroll::kernels::internal

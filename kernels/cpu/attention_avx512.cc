@@ -1,7 +1,16 @@
-// Attention chunk partial, AVX-512: the 16 keys of a chunk are the 16 lanes of one register.
-// deterministic: same operations as ChunkPartialScalar, lane j = key j; value accumulation is a
-// per-d fma chain over j in order.
+// Attention chunk partials and merge, AVX-512: the 16 keys of a chunk are the 16 lanes of one
+// register.
+// deterministic: same operations as ChunkPartialScalar, lane j = key j: each score is one fma chain
+// over d in order, then one multiply by the scale; each value accumulator o[d] is one fma chain
+// over the chunk's keys j in order. Several jobs (chunks of one query, or one chunk of several
+// queries) are computed together only to interleave their independent chains (the scalar kernel
+// runs one 4-cycle fma after another); no operation of one job ever reads another job's values,
+// so every partial has the bits of the one-job scalar reference. When every job of a batch reads
+// the same chunk (prefill rows of one sequence), each K and V row is loaded once and used by all
+// of them: the same operands, so the same bits.
 #include <immintrin.h>
+
+#include <algorithm>
 
 #include "kernels/cpu/attention_internal.h"
 #include "kernels/cpu/math_avx512.h"
@@ -10,35 +19,215 @@ namespace bitroll::kernels::internal {
 
 static_assert(kAttentionChunk == 16, "the AVX-512 attention kernel holds one chunk per register");
 
+namespace {
+
+// Lanes < n set (n may exceed 16 or be <= 0).
+inline __mmask16 Prefix16(int32_t n) {
+  if (n >= 16) return static_cast<__mmask16>(0xFFFF);
+  if (n <= 0) return 0;
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// Scores, max, exponentials and their sum for G jobs; the G score chains run interleaved.
+// pj[g][j] receives p_j of job g (0 beyond its causal edge). kSharedKv: every job reads the same
+// chunk (prefill rows of one sequence), so each K row is loaded once for all G chains.
+template <int G, bool kSharedKv>
+void ScoresG(const AttentionParams& p, const ChunkView* cv, const ChunkJob* jobs,
+             float (*pj)[kAttentionChunk], AttentionPartial* out) {
+  const int32_t hd = p.head_dim;
+  const int64_t bs = p.block_size;
+  const float* q[G];
+  const float* k[G];
+  __m512 acc[G];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    q[g] = jobs[g].q;
+    k[g] = cv[g].k;
+    acc[g] = _mm512_setzero_ps();
+  }
+  for (int32_t d = 0; d < hd; ++d) {
+    if constexpr (kSharedKv) {
+      const __m512 kd = _mm512_loadu_ps(k[0] + d * bs);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), kd, acc[g]);
+    } else {
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), _mm512_loadu_ps(k[g] + d * bs), acc[g]);
+      }
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    const __mmask16 valid = Prefix16(cv[g].n_valid);
+    __m512 s = _mm512_mul_ps(acc[g], scale);
+    s = _mm512_mask_mov_ps(ninf, valid, s);
+    const float m = ReduceMax16(s);
+    const __m512 e = _mm512_maskz_mov_ps(valid, Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+    _mm512_storeu_ps(pj[g], e);
+    out[g].m = m;
+    out[g].l = ReduceSum16(e);
+  }
+}
+
+// o[d0, d0 + 16 * NB) of H jobs: H * NB independent chains over the keys j in order. A job's
+// chain stops at its own n_valid (the masked fma keeps the accumulator unchanged after it).
+// kSharedKv: the H jobs read the same V rows, loaded once for all of them.
+template <int NB, int H, bool kSharedKv>
+void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView* cv,
+                 const float (*pj)[kAttentionChunk], AttentionPartial* out) {
+  __m512 o[H][NB];
+  int32_t jmax = 0;
+#pragma GCC unroll 4
+  for (int h = 0; h < H; ++h) {
+    jmax = std::max(jmax, cv[h].n_valid);
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) o[h][b] = _mm512_setzero_ps();
+  }
+  for (int32_t j = 0; j < jmax; ++j) {
+    if constexpr (kSharedKv) {
+      const float* v = cv[0].v + static_cast<int64_t>(j) * hd + d0;
+      __m512 x[NB];
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) {
+        const __mmask16 dm = b == NB - 1 ? last : static_cast<__mmask16>(0xFFFF);
+        x[b] = _mm512_maskz_loadu_ps(dm, v + 16 * b);
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) {
+        const __mmask16 live = j < cv[h].n_valid ? static_cast<__mmask16>(0xFFFF) : 0;
+        const __m512 pb = _mm512_set1_ps(pj[h][j]);
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; ++b) o[h][b] = _mm512_mask3_fmadd_ps(pb, x[b], o[h][b], live);
+      }
+    } else {
+#pragma GCC unroll 2
+      for (int h = 0; h < H; ++h) {
+        const __mmask16 live = j < cv[h].n_valid ? static_cast<__mmask16>(0xFFFF) : 0;
+        const __m512 pb = _mm512_set1_ps(pj[h][j]);
+        const float* v = cv[h].v + static_cast<int64_t>(j) * hd + d0;
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; ++b) {
+          const __mmask16 dm = b == NB - 1 ? last : static_cast<__mmask16>(0xFFFF);
+          const __m512 x = _mm512_maskz_loadu_ps(dm, v + 16 * b);
+          o[h][b] = _mm512_mask3_fmadd_ps(pb, x, o[h][b], live);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int h = 0; h < H; ++h) {
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) {
+      const __mmask16 dm = b == NB - 1 ? last : static_cast<__mmask16>(0xFFFF);
+      _mm512_mask_storeu_ps(out[h].o + d0 + 16 * b, dm, o[h][b]);
+    }
+  }
+}
+
+template <int H, bool kSharedKv>
+void Values(int32_t hd, const ChunkView* cv, const float (*pj)[kAttentionChunk],
+            AttentionPartial* out) {
+  for (int32_t d0 = 0; d0 < hd; d0 += 64) {
+    const int32_t left = hd - d0;
+    const int32_t nb = std::min<int32_t>(4, (left + 15) / 16);
+    const __mmask16 last = Prefix16(left - 16 * (nb - 1));
+    switch (nb) {
+      case 4:
+        ValuesBlock<4, H, kSharedKv>(hd, d0, last, cv, pj, out);
+        break;
+      case 3:
+        ValuesBlock<3, H, kSharedKv>(hd, d0, last, cv, pj, out);
+        break;
+      case 2:
+        ValuesBlock<2, H, kSharedKv>(hd, d0, last, cv, pj, out);
+        break;
+      default:
+        ValuesBlock<1, H, kSharedKv>(hd, d0, last, cv, pj, out);
+        break;
+    }
+  }
+}
+
+template <int G>
+void PartialsG(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial* out) {
+  ChunkView cv[G];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    cv[g] = ViewChunk(p, jobs[g].kvh, jobs[g].blocks, jobs[g].position, jobs[g].chunk);
+  }
+  alignas(64) float pj[G][kAttentionChunk];
+  bool shared = true;  // every job reads the same chunk of the same kv head
+#pragma GCC unroll 8
+  for (int g = 1; g < G; ++g) shared = shared && cv[g].k == cv[0].k && cv[g].v == cv[0].v;
+  if (G > 1 && shared) {
+    ScoresG<G, true>(p, cv, jobs, pj, out);
+    int g = 0;
+    for (; g + 4 <= G; g += 4) Values<4, true>(p.head_dim, cv + g, pj + g, out + g);
+    for (; g + 2 <= G; g += 2) Values<2, true>(p.head_dim, cv + g, pj + g, out + g);
+    if (g < G) Values<1, true>(p.head_dim, cv + g, pj + g, out + g);
+    return;
+  }
+  ScoresG<G, false>(p, cv, jobs, pj, out);
+  int g = 0;
+  for (; g + 2 <= G; g += 2) Values<2, false>(p.head_dim, cv + g, pj + g, out + g);
+  if (g < G) Values<1, false>(p.head_dim, cv + g, pj + g, out + g);
+}
+
+}  // namespace
+
+void ChunkPartialsAvx512(const AttentionParams& p, const ChunkJob* jobs, int32_t n,
+                         AttentionPartial* out) {
+  static_assert(kMaxChunkJobs == 8);
+  switch (n) {
+    case 8:
+      return PartialsG<8>(p, jobs, out);
+    case 7:
+      return PartialsG<7>(p, jobs, out);
+    case 6:
+      return PartialsG<6>(p, jobs, out);
+    case 5:
+      return PartialsG<5>(p, jobs, out);
+    case 4:
+      return PartialsG<4>(p, jobs, out);
+    case 3:
+      return PartialsG<3>(p, jobs, out);
+    case 2:
+      return PartialsG<2>(p, jobs, out);
+    case 1:
+      return PartialsG<1>(p, jobs, out);
+    default:
+      return;
+  }
+}
+
 void ChunkPartialAvx512(const AttentionParams& p, const float* q, int32_t kvh,
                         const int32_t* blocks, int32_t position, int32_t chunk,
                         AttentionPartial* out) {
-  const ChunkView c = ViewChunk(p, kvh, blocks, position, chunk);
-  const int32_t hd = p.head_dim;
-  const __mmask16 valid = static_cast<__mmask16>((1u << c.n_valid) - 1u);
-  __m512 acc = _mm512_setzero_ps();
-  for (int32_t d = 0; d < hd; ++d) {
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_loadu_ps(c.k + d * p.block_size), acc);
+  const ChunkJob job{q, blocks, kvh, position, chunk};
+  PartialsG<1>(p, &job, out);
+}
+
+// deterministic: MergePartial's operations (attention.cc) in the same order; the element-wise
+// o update runs 16 lanes at a time with explicit multiplies and add (no contraction).
+void MergePartialAvx512(int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c) {
+  const float m = std::max(acc->m, c.m);
+  const float a = Exp(acc->m - m);
+  const float b = Exp(c.m - m);
+  const float la = acc->l * a;
+  const float lb = c.l * b;
+  acc->l = la + lb;
+  const __m512 va = _mm512_set1_ps(a);
+  const __m512 vb = _mm512_set1_ps(b);
+  for (int32_t d0 = 0; d0 < head_dim; d0 += 16) {
+    const __mmask16 dm = Prefix16(head_dim - d0);
+    const __m512 oa = _mm512_mul_ps(_mm512_maskz_loadu_ps(dm, acc->o + d0), va);
+    const __m512 ob = _mm512_mul_ps(_mm512_maskz_loadu_ps(dm, c.o + d0), vb);
+    _mm512_mask_storeu_ps(acc->o + d0, dm, _mm512_add_ps(oa, ob));
   }
-  __m512 s = _mm512_mul_ps(acc, _mm512_set1_ps(p.scale));
-  s = _mm512_mask_mov_ps(_mm512_set1_ps(-__builtin_inff()), valid, s);
-  const float m = ReduceMax16(s);
-  const __m512 e = _mm512_maskz_mov_ps(valid, Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
-  alignas(64) float pj[16];
-  _mm512_store_ps(pj, e);
-  out->m = m;
-  out->l = ReduceSum16(e);
-  for (int32_t d0 = 0; d0 < hd; d0 += 16) {
-    const int32_t left = hd - d0;
-    const __mmask16 dm =
-        left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
-    __m512 o = _mm512_setzero_ps();
-    const float* v = c.v + d0;
-    for (int32_t j = 0; j < c.n_valid; ++j) {
-      o = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]), _mm512_maskz_loadu_ps(dm, v + j * hd), o);
-    }
-    _mm512_mask_storeu_ps(out->o + d0, dm, o);
-  }
+  acc->m = m;
 }
 
 }  // namespace bitroll::kernels::internal

@@ -5,6 +5,20 @@
 
 namespace bitroll::kernels::internal {
 
+// One chunk partial to compute: chunk `chunk` of query `q` (head_dim floats) against kv head `kvh`
+// of the sequence with block table `blocks`, for a query at `position`.
+// REQUIRES chunk * kAttentionChunk <= position.
+struct ChunkJob {
+  const float* q;
+  const int32_t* blocks;
+  int32_t kvh;
+  int32_t position;
+  int32_t chunk;
+};
+
+// The most jobs one ChunkPartials* call takes.
+inline constexpr int32_t kMaxChunkJobs = 8;
+
 // Each computes exactly the canonical chunk partial documented in attention.h.
 void ChunkPartialScalar(const AttentionParams& p, const float* q, int32_t kvh,
                         const int32_t* blocks, int32_t position, int32_t chunk,
@@ -14,6 +28,20 @@ void ChunkPartialAvx2(const AttentionParams& p, const float* q, int32_t kvh, con
 void ChunkPartialAvx512(const AttentionParams& p, const float* q, int32_t kvh,
                         const int32_t* blocks, int32_t position, int32_t chunk,
                         AttentionPartial* out);
+
+// out[i] <- the canonical partial of jobs[i], for i < n (1 <= n <= kMaxChunkJobs). The jobs are
+// independent (any queries, heads, chunks, sequences); computing them together only interleaves
+// their independent fma chains, so out[i] is bit-identical to ChunkPartial* of jobs[i] alone.
+void ChunkPartialsAvx2(const AttentionParams& p, const ChunkJob* jobs, int32_t n,
+                       AttentionPartial* out);
+void ChunkPartialsAvx512(const AttentionParams& p, const ChunkJob* jobs, int32_t n,
+                         AttentionPartial* out);
+
+// MergePartial compiled for the ISA: the same scalar operations for m, l and the two Exp() calls
+// (inlined hardware fma instead of a libm fmaf call: fma is correctly rounded either way), and the
+// same element-wise multiplies and add on o, 8 or 16 lanes at a time.
+void MergePartialAvx2(int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c);
+void MergePartialAvx512(int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c);
 
 // Addresses of chunk `chunk`'s keys for kv head `kvh`: K rows [head_dim][block_size] starting at
 // the chunk's first key, and V rows [keys][head_dim].

@@ -159,6 +159,30 @@ TEST(Attention, EveryKernelIsaAndThreadCountGivesTheReferenceBits) {
   }
 }
 
+// Prefill-shaped calls: consecutive rows of one sequence share a block table, so the single-worker
+// kernel groups them (one chunk of several queries at a time); GQA and ragged causal edges too.
+TEST(Attention, PrefillRowsOfOneSequenceGiveTheReferenceBits) {
+  uint32_t seed = 21;
+  for (Case c : {Case{12, 12, 64, 16, {}}, Case{8, 4, 8, 32, {}}, Case{4, 2, 80, 16, {}},
+                 Case{2, 2, 3, 16, {}}}) {
+    for (int32_t t = 0; t < 70; ++t) c.positions.push_back(t < 37 ? t : t + 90);  // a gap
+    Fixture f(c, seed++);
+    for (auto& t : f.table_ptrs) t = f.table_ptrs.back();  // one sequence: the longest table
+    const std::vector<float> ref = f.Reference();
+    for (Isa isa : SupportedIsas()) {
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        for (AttentionKernel k :
+             {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
+          EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+              << "isa " << IsaName(isa) << " threads " << threads << " kernel "
+              << AttentionKernelName(k) << " head_dim " << c.head_dim;
+        }
+      }
+    }
+  }
+}
+
 TEST(Attention, ResultDoesNotDependOnOtherRowsInTheCall) {
   Case c = Cases()[1];
   Fixture all(c, 7);

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -93,6 +94,16 @@ Service Start(const std::string& model, int replicas, CoordinatorOptions o = {})
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   s.coord = std::move(c).value();
   s.client = Connect(s.coord->endpoint());
+  // Replicas say hello asynchronously; an update sent before they have is answered for a world
+  // without them.
+  for (int i = 0; i < 1000; ++i) {
+    auto st = s.client->GetStatus(kTimeoutMs);
+    if (st.ok() && std::count_if(st->replicas.begin(), st->replicas.end(),
+                                 [](const ReplicaInfo& r) { return r.alive; }) >= replicas) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   return s;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -27,7 +28,28 @@ uint64_t BackendSalt(const std::string& backend) {
   return h;
 }
 
+constexpr int32_t kKvBlockTokens = 16;  // a multiple of the attention chunk S
+
+// MemAvailable of /proc/meminfo in bytes; 0 when unreadable.
+int64_t MemAvailableBytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return static_cast<int64_t>(kb) * 1024;
+}
+
 }  // namespace
+
+int64_t AutoKvCacheBytes(int64_t bytes_per_sequence, int64_t mem_available) {
+  int64_t want = std::max<int64_t>(256ll << 20, 8 * bytes_per_sequence);
+  if (mem_available > 0) want = std::min(want, mem_available / 10 * 4);
+  return std::max(want, bytes_per_sequence);
+}
 
 Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   const EngineOptions& o = parts.options;
@@ -93,11 +115,14 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   kv.n_layers = c.n_layers;
   kv.n_kv_heads = c.n_kv_heads;
   kv.head_dim = c.head_dim();
-  kv.block_size = 16;
+  kv.block_size = kKvBlockTokens;
   const int64_t per_seq = (c.max_seq_len + kv.block_size - 1) / kv.block_size;
-  kv.num_blocks = o.kv_cache_bytes / KvCache::BlockBytes(kv);
+  const int64_t budget = o.kv_cache_bytes > 0 ? o.kv_cache_bytes
+                                              : AutoKvCacheBytes(per_seq * KvCache::BlockBytes(kv),
+                                                                 MemAvailableBytes());
+  kv.num_blocks = budget / KvCache::BlockBytes(kv);
   if (kv.num_blocks < per_seq) {
-    return Status::InvalidArgument("engine: kv_cache_bytes " + std::to_string(o.kv_cache_bytes) +
+    return Status::InvalidArgument("engine: kv_cache_bytes " + std::to_string(budget) +
                                    " holds fewer blocks than one full-context sequence needs (" +
                                    std::to_string(per_seq) + " blocks of " +
                                    std::to_string(KvCache::BlockBytes(kv)) + " bytes)");
@@ -320,6 +345,7 @@ EngineStats CpuEngine::stats() const {
   for (const auto& [id, q] : live_) (q->running ? s.running : s.waiting)++;
   s.kv_blocks_total = cache_->num_blocks();
   s.kv_blocks_free = cache_->free_blocks();
+  s.kv_block_tokens = kKvBlockTokens;
   const SchedulerStats& ss = scheduler_->stats();
   s.prefill_tokens_cached = ss.prefill_tokens_cached;
   s.preemptions = ss.preemptions;

@@ -110,6 +110,13 @@ struct NumericsFingerprint {
                         // give equal bits; GPU models are, see engine/cuda/cuda_transformer.h)
 };
 
+// The KV budget of EngineOptions::kv_cache_bytes = 0, for a model whose full-context sequence
+// needs `bytes_per_sequence`, on a machine with `mem_available` bytes available (MemAvailable;
+// 0: unknown, no cap): room for 8 such sequences, at least 256 MiB, at most 40% of
+// mem_available, and never less than one sequence. The pool is reserved, not touched: pages are
+// used as sequences need them.
+int64_t AutoKvCacheBytes(int64_t bytes_per_sequence, int64_t mem_available);
+
 struct ModelInfo {
   std::string name;
   int32_t vocab_size = 0;
@@ -124,6 +131,7 @@ struct EngineStats {
   int64_t waiting = 0;
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_free = 0;
+  int64_t kv_block_tokens = 0;  // tokens per KV block: capacity = kv_blocks_total x this
   int64_t prefill_tokens_computed = 0;
   int64_t prefill_tokens_cached = 0;
   int64_t decode_tokens = 0;
@@ -153,10 +161,12 @@ struct EngineOptions {
   std::string isa = "auto";  // "auto" | "scalar" | "avx2" | "avx512"; never changes a bit
   std::string attention =
       "auto";  // "auto" (chosen by load) | "single" | "split"; never changes a bit
-  int64_t kv_cache_bytes = 256ll << 20;  // KV memory budget; sets the number of blocks
-  int32_t max_step_tokens = 512;         // token budget of one step (prefill chunks + decodes)
-  int32_t max_running = 256;             // sequences decoding at once
-  uint64_t weight_version = 0;           // recorded on every token this engine produces
+  // KV memory budget; sets the number of blocks. 0 (the default): AutoKvCacheBytes, sized from
+  // the model and the machine, so that a long-context model runs with no flag.
+  int64_t kv_cache_bytes = 0;
+  int32_t max_step_tokens = 512;  // token budget of one step (prefill chunks + decodes)
+  int32_t max_running = 256;      // sequences decoding at once
+  uint64_t weight_version = 0;    // recorded on every token this engine produces
   // Prefix cache and GRPO sharing: full KV blocks are reused across sequences by a hash chain of
   // their tokens, and group siblings share the prompt's blocks (copy-on-write). Never changes a
   // bit; false recomputes everything (the reference the tests compare against).

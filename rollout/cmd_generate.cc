@@ -103,7 +103,7 @@ struct GenerateFlags {
   uint64_t seed = 42;
   std::string prompt = "Once upon a time";
   std::string prompts_file;
-  int64_t kv_cache_mb = 256;
+  int64_t kv_cache_mb = 0;
 };
 
 void AddGenerateFlags(CliParser* p, GenerateFlags* f) {
@@ -141,7 +141,8 @@ void AddGenerateFlags(CliParser* p, GenerateFlags* f) {
   p->String("--attention", &f->eo.attention, "auto|single|split (default auto)", "NAME");
   p->Integer("--max-step-tokens", &f->eo.max_step_tokens,
              "token budget of one engine step (default 512)");
-  p->Integer("--kv-cache-mb", &f->kv_cache_mb, "KV cache budget in MiB (default 256)");
+  p->Integer("--kv-cache-mb", &f->kv_cache_mb,
+             "KV cache budget in MiB (default 0: sized from the model and the machine)");
   p->String("--weights", &f->weights,
             "CPU matmul weight storage (bf16 halves memory traffic; different numerics); "
             "--device cuda always keeps bf16 weights on the GPU",

@@ -79,6 +79,17 @@ int CmdServe(int argc, char** argv) {
     }
     engines.push_back(std::move(e).value());
   }
+  if (!engines.empty()) {  // what each replica can hold, for sizing batches and contexts
+    const engine::EngineStats st = engines[0]->stats();
+    const int32_t ctx = engines[0]->info().max_seq_len;
+    const int64_t tokens = st.kv_blocks_total * st.kv_block_tokens;
+    if (tokens > 0 && ctx > 0) {
+      spdlog::info(
+          "bitroll serve: each replica's KV cache holds {} tokens = {} full-context "
+          "sequences of {}",
+          tokens, tokens / ctx, ctx);
+    }
+  }
   c.coordinator.local_replica.name = "local";
   auto coord = Coordinator::Start(c.coordinator, std::move(engines));
   if (!coord.ok()) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/make_model.h"
 #include "engine/model_loader.h"
 #include "tests/engine_test_util.h"
 
@@ -155,6 +156,37 @@ TEST(EngineErrors, AbortFinishesWithAbortedAndFreesBlocks) {
   EXPECT_EQ(step->finished[0].tokens.size(), 2u);
   EXPECT_EQ(e->stats().kv_blocks_free, free_before);
   EXPECT_FALSE(e->HasWork());
+}
+
+// EngineOptions::kv_cache_bytes = 0 sizes the KV pool from the model and the machine: a model
+// whose one full-context sequence needs more than the old fixed 256 MiB opens with no flag (it
+// was refused: "holds fewer blocks than one full-context sequence needs"), and an explicit
+// budget still means what it says.
+TEST(EngineErrors, LongContextModelOpensWithTheDefaultKvBudget) {
+  engine::ModelShape shape{"long", 256, 512, 4, 8, 8, 300, 34816};  // 8 KiB of K/V per token
+  const std::string model = Scratch("long.bin");
+  ASSERT_TRUE(engine::WriteRandomModel(shape, 1, model, Scratch("long_tok.bin")).ok());
+  const int64_t per_sequence = int64_t{8192} * shape.max_seq_len;  // 272 MiB
+  engine::EngineOptions o;
+  o.model_path = model;
+  auto e = engine::OpenEngine(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const engine::EngineStats st = (*e)->stats();
+  const int64_t tokens = st.kv_blocks_total * st.kv_block_tokens;
+  EXPECT_GE(tokens, shape.max_seq_len) << "not even one full-context sequence fits";
+  EXPECT_LE(tokens * 8192, engine::AutoKvCacheBytes(per_sequence, 0));  // at most 8 sequences
+  o.kv_cache_bytes = 256ll << 20;  // the old default: refused, with the reason
+  auto old = engine::OpenEngine(o);
+  ASSERT_FALSE(old.ok());
+  EXPECT_EQ(old.status().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(EngineErrors, AutoKvBudgetPolicy) {
+  constexpr int64_t kMiB = 1 << 20;
+  EXPECT_EQ(engine::AutoKvCacheBytes(1 * kMiB, 0), 256 * kMiB);    // small models: 256 MiB
+  EXPECT_EQ(engine::AutoKvCacheBytes(100 * kMiB, 0), 800 * kMiB);  // 8 full sequences
+  EXPECT_EQ(engine::AutoKvCacheBytes(100 * kMiB, 1000 * kMiB), 400 * kMiB);  // 40% of memory
+  EXPECT_EQ(engine::AutoKvCacheBytes(600 * kMiB, 1000 * kMiB), 600 * kMiB);  // one sequence
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // rollout/cli_test_util.h: runs the `bitroll` executable as a child process in tests (header-only;
-// tests only): RunShell(cmd) collects the exit status, stdout and stderr of a shell command line,
-// ShellQuote makes one argument of any string.
+// tests only): RunShell(cmd) collects the exit status, stdout and stderr of a shell command line;
+// arguments are quoted with sandbox::ShellQuote.
 #pragma once
 
 #include <sys/wait.h>
@@ -12,6 +12,8 @@
 #include <sstream>
 #include <string>
 
+#include "sandbox/vm_task.h"
+
 namespace bitroll::rollout {
 
 struct CmdResult {
@@ -19,11 +21,7 @@ struct CmdResult {
   std::string out, err;
 };
 
-inline std::string ShellQuote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using sandbox::ShellQuote;  // one argument of any string, for /bin/sh
 
 // Runs `cmd` with /bin/sh, stdin from /dev/null.
 inline CmdResult RunShell(const std::string& cmd) {

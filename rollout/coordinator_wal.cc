@@ -281,17 +281,9 @@ void Coordinator::State::OnClientAck(const std::string& client, const std::strin
         a->group_id());
   }
   if (!wal || pis == nullptr) return;
-  Group* g = FindGroup(owner, a->group_id());
-  Parked* p = nullptr;
-  std::string parked_key;
-  for (const std::string& o : {owner, std::string()}) {
-    if (g != nullptr) break;
-    parked_key = GroupKey(o, a->group_id());
-    if (auto it = parked.find(parked_key); it != parked.end()) {
-      p = &it->second;
-      break;
-    }
-  }
+  std::string parked_key;  // the same lookup as a re-attach: live group, else parked
+  Group* g = FindGroup(owner, a->group_id(), &parked_key);
+  Parked* p = g == nullptr && !parked_key.empty() ? &parked[parked_key] : nullptr;
   if (g == nullptr && p == nullptr) return;
   const uint64_t serial = g ? g->serial : p->serial;
   const uint32_t n = g ? g->submit->n() : p->n;

@@ -15,6 +15,8 @@ PACKAGES=(
   qemu-system-x86 busybox-static cpio
   iproute2 procps
   python3 python3-zmq python3-flatbuffers python3-numpy
+  # operations tests (tests/ops/): a single-host Slurm cluster
+  slurm-wlm munge
 )
 
 missing=()

@@ -306,9 +306,9 @@ flatbuffers::Offset<wire::TensorFrame> Frame(flatbuffers::FlatBufferBuilder& fbb
 
 }  // namespace
 
-Result<uint64_t> Client::UpdateWeightsStreamed(std::span<const WeightTensor> tensors,
-                                               uint64_t version, bool drain, bool full,
-                                               int timeout_ms, size_t part_bytes) {
+Result<uint64_t> Client::UpdateWeightsStreamed(
+    std::span<const WeightTensor> tensors, uint64_t version, bool drain, bool full, int timeout_ms,
+    size_t part_bytes, const std::function<void(size_t sent_bytes, size_t total_bytes)>& on_part) {
   constexpr size_t kMaxPart = size_t{48} << 20;  // under the 64 MiB message limit
   if (part_bytes < 4096 || part_bytes > kMaxPart) {
     return Status::InvalidArgument("part_bytes must be in [4096, " + std::to_string(kMaxPart) +
@@ -323,6 +323,8 @@ Result<uint64_t> Client::UpdateWeightsStreamed(std::span<const WeightTensor> ten
     sizes.push_back(n);
   }
   size_t ti = 0, off = 0;  // the next byte to send: tensor ti, byte off
+  size_t sent_bytes = 0, total_bytes = 0;
+  for (size_t n : sizes) total_bytes += n;
   uint32_t part = 0;
   auto abort_stream = [&](Status s) -> Status {
     flatbuffers::FlatBufferBuilder fbb(128);
@@ -345,6 +347,7 @@ Result<uint64_t> Client::UpdateWeightsStreamed(std::span<const WeightTensor> ten
           Frame(fbb, tensors[ti], off, static_cast<const uint8_t*>(tensors[ti].data) + off, take));
       budget -= take;
       off += take;
+      sent_bytes += take;
       if (off == sizes[ti]) {
         ++ti;
         off = 0;
@@ -360,6 +363,7 @@ Result<uint64_t> Client::UpdateWeightsStreamed(std::span<const WeightTensor> ten
     if (!sent.ok()) return abort_stream(sent);
     Result<uint64_t> live = WaitUpdateReply(rid, timeout_ms);
     if (!live.ok()) return abort_stream(live.status());
+    if (on_part) on_part(sent_bytes, total_bytes);
     if (last) return live;
   }
 }

@@ -12,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -204,10 +205,12 @@ class Client {
   // of at most part_bytes of data (a larger tensor is sliced), each part waiting for its Ack,
   // then commits. full = true: the replicas also check every tensor of the model was sent.
   // Returns the live version. Errors: the first typed error of the coordinator or a replica
-  // (nothing is installed then), kTimeout per part.
-  Result<uint64_t> UpdateWeightsStreamed(std::span<const WeightTensor> tensors, uint64_t version,
-                                         bool drain, bool full, int timeout_ms,
-                                         size_t part_bytes = size_t{1} << 20);
+  // (nothing is installed then), kTimeout per part. on_part, when set, is called after each
+  // acknowledged part with the data bytes sent so far and the total.
+  Result<uint64_t> UpdateWeightsStreamed(
+      std::span<const WeightTensor> tensors, uint64_t version, bool drain, bool full,
+      int timeout_ms, size_t part_bytes = size_t{1} << 20,
+      const std::function<void(size_t sent_bytes, size_t total_bytes)>& on_part = {});
   // Sends UpdateWeights{version, drain, nccl{unique_id, world_size, manifest}} (manifest: name,
   // dtype, shape; data unused) and returns its request id; the reply comes by WaitUpdateReply.
   // rollout/nccl_weight_sender.h drives the whole broadcast.

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "engine/sampler.h"
 #include "rollout/cli_args.h"
 #include "rollout/commands.h"
+#include "rollout/progress.h"
 
 namespace bitroll::rollout {
 
@@ -249,12 +251,20 @@ Result<std::vector<engine::SequenceOutput>> RunAll(engine::CpuEngine& e, const G
   }
   std::vector<engine::SequenceOutput> done;
   *t0 = std::chrono::steady_clock::now();
+  // --prompts FILE: a progress line on stderr when it is a terminal (never in pipes or tests).
+  std::optional<ProgressLine> progress;
+  if (!f.prompts_file.empty()) {
+    progress.emplace("bitroll generate", static_cast<int64_t>(prompts.size()) * n,
+                     ProgressUnit{"trajectories", 1});
+  }
   while (e.HasWork()) {
     Result<engine::StepResult> step = e.Step();
     if (!step.ok()) return step.status();
     *generated += static_cast<int64_t>(step->tokens.size());
     for (auto& out : step->finished) done.push_back(std::move(out));
+    if (progress) progress->Update(static_cast<int64_t>(done.size()));
   }
+  if (progress) progress->Finish();
   std::sort(done.begin(), done.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
   return done;
 }

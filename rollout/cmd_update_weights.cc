@@ -14,6 +14,7 @@
 #include "rollout/cli_args.h"
 #include "rollout/client.h"
 #include "rollout/commands.h"
+#include "rollout/progress.h"
 
 namespace bitroll::rollout {
 
@@ -80,8 +81,12 @@ int CmdUpdateWeights(int argc, char** argv) {
     }
     std::fprintf(stderr, "bitroll update-weights: streaming %zu tensors (%.1f MB) from %s\n",
                  tensors.size(), bytes / 1e6, w->source.c_str());
-    live = (*client)->UpdateWeightsStreamed(tensors, version, drain, full, timeout_ms,
-                                            static_cast<size_t>(part_kib) << 10);
+    // A progress line on stderr when it is a terminal (never in pipes or tests).
+    ProgressLine progress("bitroll update-weights", static_cast<int64_t>(bytes), {"MB", 1e6});
+    live = (*client)->UpdateWeightsStreamed(
+        tensors, version, drain, full, timeout_ms, static_cast<size_t>(part_kib) << 10,
+        [&](size_t sent, size_t) { progress.Update(static_cast<int64_t>(sent)); });
+    progress.Finish();
   }
   if (!live.ok()) return Fail(live.status());
   std::printf("weights version %llu live on every replica\n",

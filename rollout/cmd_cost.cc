@@ -1,5 +1,5 @@
 // rollout/cmd_cost.cc: `bitroll cost FILE.jsonl [--format table|csv|json]
-//   [--price-replica-hour USD] [--price-sandbox-cpu-hour USD] [--long-context N]`
+//   [--price-replica-hour USD] [--price-sandbox-cpu-hour USD] [--long-context N] [--plot PNG]`
 // FILE is JSON Lines of trajectories (`bitroll generate --json`, or the Python client's
 // Trajectory.to_json()); "-" reads stdin.
 #include <cstdio>
@@ -10,12 +10,13 @@
 
 #include "rollout/cli_args.h"
 #include "rollout/commands.h"
+#include "rollout/cost_plot.h"
 #include "rollout/cost_report.h"
 
 namespace bitroll::rollout {
 
 int CmdCost(int argc, char** argv) {
-  std::string file, format = "table";
+  std::string file, format = "table", plot;
   CostReportOptions o;
   CliParser p("cost",
               "bitroll cost: cost tables from trajectories (JSON Lines: `bitroll generate --json`, "
@@ -28,10 +29,25 @@ int CmdCost(int argc, char** argv) {
   p.Integer("--long-context", &o.long_context_tokens,
             "prompt + generated tokens from which a trajectory is long-context (default " +
                 std::to_string(o.long_context_tokens) + ")");
+  p.String("--plot", &plot,
+           "draw cost per group and regime, tokens computed vs cached and throughput over time "
+           "into FILE.png instead of the table (scripts/plot_cost.py, python3-matplotlib)",
+           "FILE.png");
   if (Status s = p.Parse(argc, argv); !s.ok()) return UsageError("cost", s);
   if (p.help()) return PrintHelp(p);
   if (file.empty()) {
     return UsageError("cost", Status::InvalidArgument("FILE.jsonl is required (- reads stdin)"));
+  }
+  if (!plot.empty()) {
+    if (file == "-") {
+      return UsageError("cost", Status::InvalidArgument("--plot reads a FILE, not stdin"));
+    }
+    Result<int> rc = RunCostPlot(file, plot, o);
+    if (!rc.ok()) {
+      std::fprintf(stderr, "bitroll cost: %s\n", rc.status().ToString().c_str());
+      return 1;
+    }
+    return *rc;
   }
   std::stringstream ss;
   if (file == "-") {

@@ -33,6 +33,7 @@ void PrintHelp(FILE* out) {
       "              [--device cpu|cuda] [--threads N] [--weights-load-timeout-ms N]\n"
       "  cost        cost tables from trajectories (JSON Lines)\n"
       "              FILE.jsonl [--format table|csv|json] [--price-replica-hour USD]\n"
+      "              [--plot FILE.png] (pictures: scripts/plot_cost.py)\n"
       "  update-weights  give a running service new weights (docs/weights.md)\n"
       "              --connect tcp://HOST:PORT --version V (--path FILE | --stream FILE\n"
       "              [--full]) [--drain] [--part-kib N] [--timeout-ms N]\n"

@@ -1,4 +1,4 @@
-"""scripts/plot_cost.py on a real run (issue 20, item 4), screenshot-free.
+"""scripts/plot_cost.py and `bitroll cost --plot` on a real run (issue 20, item 4), no screenshot.
 
 Runs a small job on `bitroll serve` with a data directory (groups that repeat prompts, so the
 prefix cache has hits, and longer ones past --long-context), records its trajectories as JSON Lines
@@ -140,6 +140,14 @@ def main():
         if r.returncode != 0:
             failures.append(f"plot_cost exit {r.returncode}: {r.stderr}")
         check_png(png, failures, "cost.png")
+        # The same through `bitroll cost --plot`, which runs the script.
+        png2 = os.path.join(tmp, "cost_cli.png")
+        r = subprocess.run([a.bitroll, "cost", records, "--plot", png2, "--price-replica-hour",
+                            "2.5", "--long-context", "80"], capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode != 0:
+            failures.append(f"bitroll cost --plot exit {r.returncode}: {r.stderr}")
+        check_png(png2, failures, "bitroll cost --plot")
         # The regimes the picture shows come from `bitroll cost`: both must be there.
         c = subprocess.run([a.bitroll, "cost", records, "--format", "json", "--long-context",
                             "80"], capture_output=True, text=True, timeout=60)

@@ -140,11 +140,17 @@ def main():
         if r.returncode != 0:
             failures.append(f"plot_cost exit {r.returncode}: {r.stderr}")
         check_png(png, failures, "cost.png")
-        # The same through `bitroll cost --plot`, which runs the script.
+        # The same through `bitroll cost --plot`, which runs the script: found beside the
+        # executable in a build folder of the checkout, else named by BITROLL_PLOT_SCRIPT.
         png2 = os.path.join(tmp, "cost_cli.png")
+        env = dict(os.environ)
+        beside = os.path.join(os.path.dirname(os.path.realpath(a.bitroll)), "..", "..",
+                              "scripts", "plot_cost.py")
+        if not os.path.exists(beside):
+            env["BITROLL_PLOT_SCRIPT"] = PLOT
         r = subprocess.run([a.bitroll, "cost", records, "--plot", png2, "--price-replica-hour",
                             "2.5", "--long-context", "80"], capture_output=True, text=True,
-                           timeout=120)
+                           timeout=120, env=env)
         if r.returncode != 0:
             failures.append(f"bitroll cost --plot exit {r.returncode}: {r.stderr}")
         check_png(png2, failures, "bitroll cost --plot")

@@ -91,6 +91,9 @@ class SlurmCluster:
         if missing:
             raise SlurmUnavailable(f"not installed: {' '.join(missing)} (Debian packages "
                                    "slurm-wlm and munge; scripts/deps.sh installs them)")
+        if os.geteuid() != 0:
+            raise SlurmUnavailable("not root: slurmd runs job steps as their owner and needs "
+                                   "root for it (CI runs the tests as root)")
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise SlurmUnavailable("prctl(PR_SET_CHILD_SUBREAPER) failed: "

@@ -86,7 +86,7 @@ def run_job(a, cluster, tmp, failures):
         if endpoint is None:
             failures.append(f"no endpoint file from the job (state {cluster.job_state(job)}):\n"
                             + cluster.file_tail(out))
-            return job, out
+            return job, out, data
         want = f"tcp://localhost:{env['BITROLL_PORT']}"
         if endpoint != want:
             failures.append(f"endpoint file says {endpoint}, want {want}")
@@ -99,7 +99,7 @@ def run_job(a, cluster, tmp, failures):
             client.close()
     finally:
         cluster.run(["scancel", job], check=False)
-    return job, out
+    return job, out, data
 
 
 def check_service(a, client, st, tmp, failures):
@@ -150,9 +150,11 @@ def main():
             except SlurmUnavailable as e:
                 return no_slurm(str(e))
             print(f"slurm up in {time.time() - t0:.1f} s", flush=True)
-            job, out = run_job(a, cluster, tmp, failures)
+            job, out, data = run_job(a, cluster, tmp, failures)
             if not cluster.wait_gone(job, 30):
                 failures.append(f"job {job} still {cluster.job_state(job)} 30 s after scancel")
+            if os.path.exists(os.path.join(data, "endpoint")):
+                failures.append("the ended job left its endpoint file")
             alive = [cmdline(p) for p in descendants()
                      if os.path.basename(cmdline(p).split(" ")[0]) == "bitroll"]
             if alive:

@@ -6,10 +6,11 @@ include(GoogleTest OPTIONAL)
 # set at configure time. Tests also honour the environment variable of the same name.
 set(BITROLL_MODELS_DIR "${CMAKE_SOURCE_DIR}/../shared/models" CACHE PATH "Test model folder")
 
-# bitroll_add_test(NAME name SOURCES a.cc b.cc LIBS lib... [LABELS l...] [TIMEOUT s])
+# bitroll_add_test(NAME name SOURCES a.cc b.cc LIBS lib... [LABELS l...] [TIMEOUT s]
+#                  [ENVIRONMENT VAR=value])
 # The one helper that registers a GoogleTest suite with CTest (each TEST becomes a CTest case).
 function(bitroll_add_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT;ENVIRONMENT" "SOURCES;LIBS;LABELS" ${ARGN})
   if(NOT BITROLL_BUILD_TESTS)
     return()
   endif()
@@ -25,9 +26,13 @@ function(bitroll_add_test)
   # gtest_discover_tests (CMake 3.25) flattens a list in PROPERTIES, so several labels become
   # one "a,b" label; `ctest -L b` still selects it (-L is a regular expression).
   string(REPLACE ";" "," _labels "${T_LABELS}")
+  set(_env)
+  if(T_ENVIRONMENT)
+    set(_env ENVIRONMENT "${T_ENVIRONMENT}")
+  endif()
   gtest_discover_tests(${T_NAME}
     DISCOVERY_TIMEOUT 120
-    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${_labels}")
+    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${_labels}" ${_env})
 endfunction()
 
 # bitroll_isa_sources(ISA file...) compiles the files for one SIMD level. ISA is AVX2 or AVX512.

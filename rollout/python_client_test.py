@@ -10,7 +10,6 @@ The C++ side compares --dump with what the C++ client gets. Exit status 0 = pass
 """
 
 import argparse
-import os
 import struct
 import subprocess
 import sys
@@ -18,9 +17,7 @@ import threading
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
-import bitroll_client as bc  # noqa: E402
+from bitroll import BitrollError, Client
 
 M64 = (1 << 64) - 1
 VOCAB, EOS_ID, EOS_PERIOD = 512, 2, 48  # NullEngineOptions defaults
@@ -81,7 +78,7 @@ def serve(bitroll, replicas):
 
 
 def load(endpoint, stop):
-    c = bc.Client(endpoint, timeout_ms=20000)
+    c = Client(endpoint, timeout_ms=20000)
     gid = 1000
     while not stop.is_set():
         gid += 1
@@ -107,7 +104,7 @@ def main():
             stop = threading.Event()
             bg = threading.Thread(target=load, args=(ep, stop), daemon=True)
             bg.start()
-            c = bc.Client(ep, timeout_ms=20000)
+            c = Client(ep, timeout_ms=20000)
             group = c.submit(PROMPTS, n=N, params={"temperature": 1.0}, seed=SEED,
                              max_tokens=MAX_TOKENS, stop_ids=STOP, group_id=1, client_tag="py")
             trajs = group.result()
@@ -132,12 +129,12 @@ def main():
             try:
                 c.submit([[1, 2]], n=10**9, group_id=2).result()
                 check(False, "n=1e9 accepted")
-            except bc.BitrollError as e:
+            except BitrollError as e:
                 check(e.code == "invalid_argument", e.code)
             try:
                 c.submit([[1, VOCAB + 5]], n=1, group_id=3).result()
                 check(False, "out-of-vocabulary id accepted")
-            except bc.BitrollError as e:
+            except BitrollError as e:
                 check(e.code == "out_of_range", e.code)
             c.send_raw(b"\x00garbage")
             check(c.next_error().code == "protocol", "garbage -> protocol")

@@ -23,6 +23,8 @@ done
 
 "$root/scripts/build.sh"
 bitroll="$build/rollout/bitroll"
+# The Python examples import the bitroll package the build made (python/CMakeLists.txt).
+export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ -z "$model" ] && [ -f "$root/../shared/models/stories260K.bin" ]; then
   model="$root/../shared/models/stories260K.bin"

@@ -15,6 +15,7 @@ PACKAGES=(
   qemu-system-x86 busybox-static cpio
   iproute2 procps
   python3 python3-zmq python3-flatbuffers python3-numpy
+  python3-pip python3-setuptools python3-venv
   # operations tests (tests/ops/): a single-host Slurm cluster, scripts/plot_cost.py's pictures
   slurm-wlm munge python3-matplotlib
 )

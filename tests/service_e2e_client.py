@@ -21,9 +21,7 @@ import threading
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
-import bitroll_client as bc  # noqa: E402
+from bitroll import BitrollError, Client
 
 GREEDY_TEXTS = ["The cat sat", "Once upon a time, there was a little dog"]
 TIMEOUT_MS = 60000
@@ -78,7 +76,7 @@ def serve(a, replicas):
 
 def load(endpoint, prompts, stop, done, errors):
     """A second client: the first test prompt under other seeds, plus an unrelated prompt."""
-    c = bc.Client(endpoint, timeout_ms=TIMEOUT_MS)
+    c = Client(endpoint, timeout_ms=TIMEOUT_MS)
     gid = 9000
     while not stop.is_set():
         gid += 1
@@ -90,7 +88,7 @@ def load(endpoint, prompts, stop, done, errors):
                 done.append(gid)
             else:
                 errors.append(f"{len(r)} trajectories")
-        except bc.BitrollError as e:
+        except BitrollError as e:
             errors.append(str(e))
     c.close()
 
@@ -125,7 +123,7 @@ def main():
             bg = threading.Thread(target=load, args=(ep, prompts, stop, done, errors),
                                   daemon=True)
             bg.start()
-            c = bc.Client(ep, timeout_ms=TIMEOUT_MS)
+            c = Client(ep, timeout_ms=TIMEOUT_MS)
             for _ in range(3000):
                 if done or errors:
                     break

@@ -3,7 +3,7 @@
 // The reference is `bitroll generate --json` run as a child process: every prompt x sample in one
 // engine on this machine. The service under test is `bitroll serve --model ...` (a child process,
 // 1, 2 or 4 replicas), reached through the C++ client (rollout/client.h) and the Python client
-// (examples/python/bitroll_client.py, via tests/service_e2e_client.py), while a second client keeps
+// (the package python/bitroll, via tests/service_e2e_client.py), while a second client keeps
 // other groups in flight; and a `bitroll replica` in another network namespace. Every trajectory's
 // ids and fp32 logprob bits must equal the reference exactly (memcmp on the bits parsed from
 // generate's `logprob_bits` hex), for sampled decoding (T=1, top-p 0.9) and greedy (T=0).

@@ -17,19 +17,17 @@ file the service was started with). The "optimizer step" here is a placeholder (
 perturbation scaled by the iteration's mean advantage magnitude); a real trainer would stream its
 updated parameters the same way. Every trajectory of the next iteration must carry the new
 version, which the loop checks.
+The bitroll package must be importable: PYTHONPATH=build/python after a build, or
+installed with `pip install ./python` (README, "Python client").
 """
 
 import argparse
-import os
 import subprocess
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bitroll_client as bc  # noqa: E402
-import model_files  # noqa: E402
+from bitroll import Client, model_files
 
 
 STARTERS = ["Once upon a time", "Lily wanted a dog", "Tom found a big red ball",
@@ -70,7 +68,7 @@ def main():
                                 stdout=subprocess.PIPE, text=True)
         endpoint = proc.stdout.readline().split()[-1]
     try:
-        client = bc.Client(endpoint)
+        client = Client(endpoint)
         rng = np.random.default_rng(0)
         policy = None
         if args.policy:

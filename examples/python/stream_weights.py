@@ -12,6 +12,8 @@ stories260K into it, runs a GRPO group, and checks the trajectories are bit-iden
 logprob bits) to those of a service started on stories260K itself; before the update they are
 not. It also shows a typed error (a misnamed tensor) that installs nothing.
 Runs on Debian's /usr/bin/python3 with python3-zmq, python3-flatbuffers and python3-numpy.
+The bitroll package must be importable: PYTHONPATH=build/python after a build, or
+installed with `pip install ./python` (README, "Python client").
 """
 
 import argparse
@@ -23,9 +25,7 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bitroll_client as bc  # noqa: E402
-import model_files  # noqa: E402
+from bitroll import BitrollError, Client, model_files
 
 
 def serve(bitroll, model):
@@ -67,8 +67,8 @@ def self_test(bitroll, models):
             procs.append(p)
             p, ep = serve(bitroll, os.path.join(tmp, "model.bin"))
             procs.append(p)
-            ref = run_group(bc.Client(ep_ref), 1)
-            c = bc.Client(ep, timeout_ms=60000)
+            ref = run_group(Client(ep_ref), 1)
+            c = Client(ep, timeout_ms=60000)
             before = run_group(c, 1)
             print(f"before the update: {sum(same_bits([a], [b]) for a, b in zip(before, ref))}"
                   f" of {len(ref)} trajectories equal the stories260K service's")
@@ -81,7 +81,7 @@ def self_test(bitroll, models):
                 c.update_weights_tensors(bad, version=2, full=True)
                 print("FAIL: a misnamed tensor was accepted")
                 return 1
-            except bc.BitrollError as e:
+            except BitrollError as e:
                 print(f"misnamed tensor refused ({e.code}): {e.message[:90]}...")
             if c.status()["weight_version"] != 0:
                 print("FAIL: the refused update changed the live version")
@@ -117,7 +117,7 @@ def main():
         return self_test(a.bitroll, os.environ.get("BITROLL_MODELS_DIR", a.models))
     if not (a.connect and a.model):
         ap.error("give --connect and --model (or --self-test)")
-    c = bc.Client(a.connect, timeout_ms=120000)
+    c = Client(a.connect, timeout_ms=120000)
     live = c.update_weights_tensors(model_files.load_llama2c(a.model)[0], version=a.version, drain=a.drain,
                                     full=True)
     print(f"weights version {live} live on every replica")

@@ -6,17 +6,19 @@ on, up to --max-turns model turns. The tiny stories model emits no tool syntax, 
 uses delimiters it does emit: " was" opens a call and "." closes it, and the tool is the built-in
 `echo` function (function tier: no root needed). With a real model use e.g. "<tool>" / "</tool>".
 
-    /usr/bin/python3 examples/python/tool_rollout.py --endpoint tcp://127.0.0.1:5555
+    PYTHONPATH=build/python /usr/bin/python3 examples/python/tool_rollout.py \
+        --endpoint tcp://127.0.0.1:5555
+
+The bitroll package must be importable: PYTHONPATH=build/python after a build, or
+installed with `pip install ./python` (README, "Python client").
 """
 
 import argparse
-import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bitroll_client as bc  # noqa: E402
+from bitroll import Client
 
 
 def main():
@@ -29,7 +31,7 @@ def main():
     args = ap.parse_args()
 
     tools = [{"name": "echo", "tier": "function", "function": "echo", "wall_ms": 2000}]
-    with bc.Client(args.endpoint) as client:
+    with Client(args.endpoint) as client:
         runs = []
         for _ in range(2):  # the same seeded request twice: identical bits, tool results included
             group = client.submit(["Once upon a time"], n=args.n, seed=args.seed,

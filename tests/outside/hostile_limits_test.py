@@ -85,15 +85,15 @@ class Hostile:
 
     def submit_raw_prompts(self, w, gid, kw):
         """Like Client.submit, but prompts may be numpy arrays (packed as one vector each)."""
-        m = oc.bc.SubmitRolloutsT()
+        m = oc.proto.SubmitRolloutsT()
         m.groupId = gid
         m.prompts = []
         for p in kw["prompts"]:
-            pt = oc.bc.PromptT()
+            pt = oc.proto.PromptT()
             pt.ids = np.asarray(p, np.int32)
             m.prompts.append(pt)
         m.n = kw["n"]
-        sp = oc.bc.SamplingParamsT()
+        sp = oc.proto.SamplingParamsT()
         sp.temperature, sp.topK, sp.topP, sp.minP = 1.0, 0, 1.0, 0.0
         m.sampling = sp
         m.seed = 1

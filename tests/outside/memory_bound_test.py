@@ -92,7 +92,7 @@ class Run:
         for i in range(first, first + self.a.clients):
             cid = f"vanish-{i}-" + secrets.token_hex(4)
             ids.append(cid)
-            c = oc.bc.Client(srv.endpoint, context=self.ctx, client_id=cid)
+            c = oc.bitroll.Client(srv.endpoint, context=self.ctx, client_id=cid)
             c._sock.setsockopt(zmq.LINGER, 2000)   # the submit must leave before the close
             c.submit(small["prompts"], n=small["n"], params=small["params"], seed=small["seed"],
                      max_tokens=small["max_tokens"], group_id=100000 + i)
@@ -176,7 +176,7 @@ class Run:
         hog_sock.setsockopt(zmq.RCVBUF, 4096)
         hog_sock.setsockopt(zmq.LINGER, 0)
         hog_sock.connect(srv.endpoint)
-        hog = oc.bc.Client(srv.endpoint, context=self.ctx)
+        hog = oc.bitroll.Client(srv.endpoint, context=self.ctx)
         hog._sock.close(0)
         hog._sock = hog_sock          # the Client's builders, this socket
         hog_spec = {"prompts": [[1, 9, 8, 7]], "n": 8, "seed": 3,

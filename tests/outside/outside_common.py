@@ -20,15 +20,19 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "examples", "python"))
-import bitroll_client as bc  # noqa: E402
+try:  # the installed package, or <build>/python on PYTHONPATH (ctest sets it)
+    import bitroll
+except ImportError as e:
+    sys.exit(f"outside tests: cannot import the bitroll package ({e}): set "
+             "PYTHONPATH=<build>/python (ctest does) or install it with `pip install ./python`")
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
+from bitroll import messages, protocol as proto  # noqa: E402
 
-__all__ = ["bc", "np", "zmq"]  # the tests use them as oc.bc, oc.np, oc.zmq
+__all__ = ["bitroll", "np", "proto", "zmq"]  # the tests use them as oc.bitroll, oc.proto, ...
 
-M = bc.Message
-ERR = bc._ERROR_NAMES  # code value -> CamelCase name
+M = proto.Message
+ERR = messages.ERROR_NAMES  # code value -> CamelCase name
 
 
 def default_bitroll():
@@ -185,54 +189,48 @@ class Event:
 def parse(data, light=False):
     """One message from the service -> Event (kind: trajectory, group_done, error, ack, status).
     light: a Trajectory's data is only its group id (fast, for floods)."""
-    if not bc.Envelope.EnvelopeBufferHasIdentifier(data, 0):
+    if not proto.Envelope.EnvelopeBufferHasIdentifier(data, 0):
         return Event("bad", 0, 0, "no BRL1 identifier")
-    env = bc.Envelope.GetRootAs(data, 0)
-    t, tab, rid = env.MsgType(), env.Msg(), env.RequestId()
+    env = proto.Envelope.GetRootAs(data, 0)
+    t, rid = env.MsgType(), env.RequestId()
     if t == M.Trajectory:
-        tr = bc._Trajectory()
-        tr.Init(tab.Bytes, tab.Pos)
+        tr = messages.table(env, proto.Trajectory)
         if light:
             return Event("trajectory", tr.GroupId(), rid, None)
-        traj = bc._trajectory(tr)
+        traj = messages.trajectory(tr)
         return Event("trajectory", traj.group_id, rid, traj)
     if t == M.GroupDone:
-        d = bc._GroupDone()
-        d.Init(tab.Bytes, tab.Pos)
+        d = messages.table(env, proto.GroupDone)
         return Event("group_done", d.GroupId(), rid,
                      {"trajectories": d.Trajectories(), "errors": d.Errors(),
                       "aborted": d.Aborted()})
     if t == M.Error:
-        e = bc._Error()
-        e.Init(tab.Bytes, tab.Pos)
+        e = messages.table(env, proto.Error)
         return Event("error", e.GroupId(), rid, (ERR.get(e.Code(), str(e.Code())),
                                                   (e.Message() or b"").decode(errors="replace")))
     if t == M.Ack:
-        a = bc._Ack()
-        a.Init(tab.Bytes, tab.Pos)
+        a = messages.table(env, proto.Ack)
         return Event("ack", a.GroupId(), rid, a.WeightVersion())
     if t == M.StatusReply:
-        s = bc._StatusReply()
-        s.Init(tab.Bytes, tab.Pos)
+        s = messages.table(env, proto.StatusReply)
         return Event("status", 0, rid, {"queued": s.Queued(), "inflight": s.Inflight(),
                                         "groups": s.Groups(), "weight_version": s.WeightVersion(),
                                         "draining": s.Draining(),
                                         "trajectories_done": s.TrajectoriesDone(),
                                         "waiting_for_weights": s.WaitingForWeights()})
     if t == M.TokenChunk:
-        c = bc._TokenChunk()
-        c.Init(tab.Bytes, tab.Pos)
+        c = messages.table(env, proto.TokenChunk)
         return Event("chunk", c.GroupId(), rid, None)
     return Event("other", 0, rid, t)
 
 
 class Wire:
-    """One DEALER connection with a client_id; sends through bitroll_client.Client's builders and
+    """One DEALER connection with a client_id; sends through bitroll.Client's builders and
     receives raw (nothing is dropped: a message for a group it never submitted is recorded)."""
 
     def __init__(self, endpoint, client_id, ctx, light=False):
         self.light = light
-        self.c = bc.Client(endpoint, timeout_ms=1000, context=ctx, client_id=client_id)
+        self.c = bitroll.Client(endpoint, timeout_ms=1000, context=ctx, client_id=client_id)
         self.sock = self.c._sock
         self.client_id = client_id
 
@@ -250,10 +248,10 @@ class Wire:
         self.c.ack(gid, pairs)
 
     def send_status(self):
-        return self.c._send(M.Status, bc.StatusT())
+        return self.c._send(M.Status, proto.StatusT())
 
     def send_update(self, path, version, drain):
-        u = bc.UpdateWeightsT()
+        u = proto.UpdateWeightsT()
         u.path, u.version, u.drain = path, version, drain
         return self.c._send(M.UpdateWeights, u)
 

@@ -424,7 +424,7 @@ class Model:
             return self.op_pump()
         at = self.rng.choice(atts)
         pi, si = self.rng.choice(sorted(at.got))
-        a = oc.bc.AckT()
+        a = oc.proto.AckT()
         a.groupId, a.promptIndex, a.sampleIndex = at.g.gid, [pi, pi, pi], [si]
         s.expect_badack[at.g.gid] = s.expect_badack.get(at.g.gid, 0) + 1
         s.wire.c._send(oc.M.Ack, a)

@@ -221,7 +221,7 @@ def s_ack_out_of_range(e):
 def s_ack_mismatched_lengths(e):
     a = e.run("A", 1, "first run", ALL)
     for pi, si in (([1, 1, 1], [1]), ([1], [1, 1, 1]), ([], [1, 1]), ([1, 1], [])):
-        m = oc.bc.AckT()           # prompt_index and sample_index of different lengths
+        m = oc.proto.AckT()           # prompt_index and sample_index of different lengths
         m.groupId, m.promptIndex, m.sampleIndex = 1, pi, si
         a.c._send(oc.M.Ack, m)
     e.settle(a)

@@ -1,8 +1,8 @@
 """Model files as (name, array) pairs a trainer would send: llama2.c checkpoints and safetensors.
 
-Used by stream_weights.py and nccl_update_weights.py. Names are those of the file's own format
-(docs/weights.md); bf16 tensors come as (uint16 bits, "bf16").
-Runs on Debian's /usr/bin/python3 with python3-numpy.
+For Client.update_weights_tensors and bitroll.nccl.broadcast_weights_nccl. Names are those of the
+file's own format (docs/weights.md); bf16 tensors come as (uint16 bits, "bf16").
+Needs only numpy.
 """
 
 import glob
@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from bitroll_client import BitrollError
+from .errors import BitrollError
 
 
 def bf16_to_f32(bits):

@@ -46,7 +46,7 @@ def run_job(endpoint, records, groups):
 
     def one(g):
         prompts, max_tokens = specs[g]
-        client = oc.bc.Client(endpoint, timeout_ms=60000, context=ctx)
+        client = oc.bitroll.Client(endpoint, timeout_ms=60000, context=ctx)
         try:
             group = client.submit(prompts, n=4, params={"temperature": 1.0}, seed=100 + g,
                                   max_tokens=max_tokens, group_id=g + 1)

@@ -55,14 +55,14 @@ def wait_file(path, job, cluster, timeout):
 def wait_replica(endpoint, job, cluster, timeout):
     """The service's status once a remote replica is alive; the last status (or None) if the
     job ends or the time runs out first."""
-    client = oc.bc.Client(endpoint, timeout_ms=2000)
+    client = oc.bitroll.Client(endpoint, timeout_ms=2000)
     deadline = time.time() + timeout
     st = None
     try:
         while time.time() < deadline and cluster.job_state(job) == "RUNNING":
             try:
                 st = client.status()
-            except oc.bc.BitrollError:
+            except oc.bitroll.BitrollError:
                 continue
             if any(r["alive"] and r["remote"] for r in st["replicas"]):
                 return st
@@ -92,7 +92,7 @@ def run_job(a, cluster, tmp, failures):
             failures.append(f"endpoint file says {endpoint}, want {want}")
         print(f"coordinator at {endpoint}", flush=True)
         st = wait_replica(endpoint, job, cluster, 30)
-        client = oc.bc.Client(endpoint, timeout_ms=60000)
+        client = oc.bitroll.Client(endpoint, timeout_ms=60000)
         try:
             check_service(a, client, st, tmp, failures)
         finally:

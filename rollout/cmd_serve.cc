@@ -12,6 +12,7 @@
 #include "rollout/commands.h"
 #include "rollout/config.h"
 #include "rollout/coordinator.h"
+#include "rollout/metrics.h"
 #include "rollout/null_engine.h"
 #include "rollout/replica.h"
 
@@ -65,6 +66,17 @@ int Setup(const std::string& command, int argc, char** argv, ServeConfig* c) {
   return -1;
 }
 
+// --metrics-bind: starts /metrics and /health (null when the flag is absent) and prints the
+// bound address on stdout ("bitroll CMD: metrics HOST:PORT"), so that port 0 can be used.
+Result<std::unique_ptr<Metrics>> StartMetrics(const std::string& command, const ServeConfig& c) {
+  if (c.metrics_bind.empty()) return std::unique_ptr<Metrics>();
+  BR_ASSIGN_OR_RETURN(auto m, Metrics::Start({c.metrics_bind, command == "serve"}));
+  const std::string host = c.metrics_bind.substr(0, c.metrics_bind.rfind(':'));
+  std::printf("bitroll %s: metrics %s:%d\n", command.c_str(), host.c_str(), m->port());
+  std::fflush(stdout);
+  return m;
+}
+
 }  // namespace
 
 int CmdServe(int argc, char** argv) {
@@ -91,6 +103,12 @@ int CmdServe(int argc, char** argv) {
     }
   }
   c.coordinator.local_replica.name = "local";
+  auto metrics = StartMetrics("serve", c);
+  if (!metrics.ok()) {
+    std::fprintf(stderr, "bitroll serve: %s\n", metrics.status().ToString().c_str());
+    return 1;
+  }
+  c.coordinator.metrics = c.coordinator.local_replica.metrics = metrics->get();
   auto coord = Coordinator::Start(c.coordinator, std::move(engines));
   if (!coord.ok()) {
     std::fprintf(stderr, "bitroll serve: %s\n", coord.status().ToString().c_str());
@@ -130,6 +148,12 @@ int CmdReplica(int argc, char** argv) {
   ro.remote = true;
   ro.capacity = c.coordinator.local_replica.capacity;
   ro.weights_load_timeout_ms = c.coordinator.local_replica.weights_load_timeout_ms;
+  auto metrics = StartMetrics("replica", c);
+  if (!metrics.ok()) {
+    std::fprintf(stderr, "bitroll replica: %s\n", metrics.status().ToString().c_str());
+    return 1;
+  }
+  ro.metrics = metrics->get();
   InstallSignals();
   zmq::context_t ctx(1);
   spdlog::info("bitroll replica {}: connecting to {}", ro.name, c.connect);

@@ -65,6 +65,7 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
                                 "price",
                                 "null_engine",
                                 "log_level",
+                                "metrics_bind",
                                 "tools"},
                                "the top level"));
   auto& co = c->coordinator;
@@ -90,6 +91,7 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   BR_RETURN_IF_ERROR(Get(j, "weights_load_timeout_ms", &co.local_replica.weights_load_timeout_ms));
   BR_RETURN_IF_ERROR(Get(j, "max_message_bytes", &co.decode.max_message_bytes));
   BR_RETURN_IF_ERROR(Get(j, "log_level", &c->log_level));
+  BR_RETURN_IF_ERROR(Get(j, "metrics_bind", &c->metrics_bind));
   if (auto it = j.find("limits"); it != j.end()) {
     BR_RETURN_IF_ERROR(CheckKeys(
         *it,
@@ -168,6 +170,9 @@ void AddMainFlags(CliParser* p, ServeConfig* c) {
                      c->coordinator.local_replica.weights_load_timeout_ms));
   p->String("--log-level", &c->log_level,
             Default("trace, debug, info, warn, error or off", c->log_level), "L");
+  p->String("--metrics-bind", &c->metrics_bind,
+            "serve Prometheus /metrics and /health on this address (port 0: any; off by default)",
+            "HOST:PORT");
 }
 
 void AddCoordinatorFlags(CliParser* p, ServeConfig* c) {

@@ -23,6 +23,7 @@ struct ServeConfig {
   std::string connect;                   // `bitroll replica`: the coordinator's replica endpoint
   std::string name;                      // `bitroll replica`: replica name (default host:pid)
   std::string log_level = "info";        // spdlog level name
+  std::string metrics_bind;              // HOST:PORT of /metrics and /health; empty: off
 };
 
 // Merges the JSON object in `text` into *config. Errors: kInvalidArgument (not JSON, a key of the
@@ -43,7 +44,8 @@ class CliParser;  // rollout/cli_args.h
 // --weights-load-timeout-ms N (UpdateWeights {path} loads of the replicas, rollout/replica.h),
 // --price-replica-hour X, --log-level L, --data-dir DIR (the WAL; resume after a crash),
 // --durability sync|window|none, --wal-commit-ms N, --wal-sync-window-ms N,
-// --retention-max-age-s N, --retention-max-groups N, the tool loop's --tool-workers N,
+// --retention-max-age-s N, --retention-max-groups N, --metrics-bind HOST:PORT (rollout/metrics.h),
+// the tool loop's --tool-workers N,
 // --tool-max-concurrent N, --tool-uid-base UID, --tool-work-root DIR (the sandbox's work root;
 // default the temp folder), --tool-disk-bytes N (total workdir bytes per process/container run;
 // 0: no total cap), --price-sandbox-cpu-hour X, and the test hooks --null-delay-us N,

@@ -554,6 +554,7 @@ void Coordinator::State::Run() {
       const auto now = Clock::now();
       if (now - last_check > std::chrono::milliseconds(20)) {
         CheckTimeouts();
+        if (options.metrics) PublishMetrics(now);
         last_check = now;
       }
       if (wal && now - last_retention_check > std::chrono::seconds(1)) {
@@ -621,6 +622,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(
   BR_ASSIGN_OR_RETURN(s.tools, ToolRunner::Start(options.tools));
   if (!options.wal.dir.empty()) {
     BR_ASSIGN_OR_RETURN(s.wal, WalLog::Open(options.wal));
+    s.wal->metrics = options.metrics;
     if (!engines.empty()) s.eos_id = engines[0]->info().eos_id;
     s.RestoreLiveWeights();
     BR_RETURN_IF_ERROR(s.RecoverFromWal());

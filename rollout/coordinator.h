@@ -48,6 +48,8 @@
 
 namespace bitroll::rollout {
 
+class Metrics;  // rollout/metrics.h
+
 // Converts engine-seconds and sandbox CPU seconds into money.
 struct PriceTable {
   double replica_hour_usd = 0.0;      // price of one replica (engine) hour
@@ -95,6 +97,9 @@ struct CoordinatorOptions {
     t.sandbox.uid_base = 62000;
     return t;
   }();
+  // Prometheus metrics and /health (rollout/metrics.h); null: none. Not owned; must outlive
+  // the coordinator.
+  Metrics* metrics = nullptr;
 };
 
 class Coordinator {

@@ -168,6 +168,7 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     if (it == works.end() || it->second.replica != r) continue;  // aborted or re-dispatched
     replicas[r].inflight.erase(it->second.id);
     it->second.replica = -1;
+    if (options.metrics) options.metrics->TurnFinished(t->cost() ? t->cost()->decode_tokens() : 0);
     // Not streamed (a replica that sends no chunks): the injected ids ride on the trajectory.
     if (t->injected_ids()) OnInjected(&it->second, *t->injected_ids());
     if (ContinueToolLoop(&it->second, *t)) continue;  // a tool call runs; the next turn follows
@@ -182,6 +183,7 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     cost.price_usd = cost.engine_seconds * options.price.replica_hour_usd / 3600.0 +
                      cost.sandbox_cpu_seconds * options.price.sandbox_cpu_hour_usd / 3600.0;
     const bool failed = t->finish() == wire::FinishReason_Error;
+    if (options.metrics) options.metrics->TrajectoryFinished(cost, w.turn);
     if (!wal) {
       ++g->delivered;
       if (failed) ++g->errors;

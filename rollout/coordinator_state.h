@@ -25,6 +25,7 @@
 
 #include "rollout/fair_queue.h"
 #include "rollout/messages.h"
+#include "rollout/metrics.h"
 #include "rollout/tool_call.h"
 #include "rollout/tool_runner.h"
 #include "rollout/wal_log.h"
@@ -471,6 +472,10 @@ struct Coordinator::State {
   void HandleFailures();
 
   void CheckTimeouts();
+
+  // Publishes queue, replica and health state to options.metrics (coordinator_metrics.cc).
+  void PublishMetrics(Clock::time_point now);
+  Clock::time_point metrics_published;
 
   // ---- loop ----
 

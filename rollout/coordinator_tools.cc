@@ -120,6 +120,7 @@ void Coordinator::State::FinishCall(Work* w, uint32_t index, const sandbox::RunR
 void Coordinator::State::OnToolsDone() {
   if (tools == nullptr) return;
   for (ToolDone& d : tools->TakeDone()) {
+    if (options.metrics) options.metrics->SandboxCall(d.result);
     auto it = works.find(d.work_id);
     if (it == works.end() || !it->second.tool_running ||
         d.call_index + 1 != it->second.calls.size()) {

@@ -7,6 +7,7 @@ void Coordinator::State::ReportWalError(const Status& s) {
   if (wal_error_reported) return;
   wal_error_reported = true;
   spdlog::error("coordinator: WAL failed, no new work is accepted: {}", s.ToString());
+  if (options.metrics) options.metrics->SetWalFailed(s.ToString());
   for (auto& [k, g] : groups) {
     if (!g->client.empty()) {
       SendError(g->client, 0, s.WithContext("WAL failed; results not yet durable are held"),

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/model_loader.h"
+#include "rollout/metrics.h"
 #include "rollout/protocol.h"
 #include "rollout/replica_weights.h"
 #include "rollout/tool_detect.h"
@@ -111,7 +112,8 @@ class ReplicaLoop {
         sock_(ctx, zmq::socket_type::dealer),
         options_(options),
         weights_(engine, options.name),
-        loaders_(std::make_shared<std::atomic<int>>(0)) {}
+        loaders_(std::make_shared<std::atomic<int>>(0)),
+        metrics_(options.metrics ? options.metrics->ForReplica(options.name) : nullptr) {}
 
   Status Run(const std::string& endpoint, const std::atomic<bool>& stop) {
     try {
@@ -183,6 +185,7 @@ class ReplicaLoop {
     auto hb =
         wire::CreateReplicaHeartbeat(fbb, s.running, s.waiting, version_, s.prefill_tokens_computed,
                                      s.prefill_tokens_cached, s.decode_tokens);
+    if (metrics_) metrics_->Update(s, engine_.info().max_seq_len);
     FinishEnvelope(fbb, 0, wire::Message_ReplicaHeartbeat, hb.Union());
     Send(fbb);
   }
@@ -623,6 +626,8 @@ class ReplicaLoop {
   uint64_t version_ = 0;
   int64_t tokens_processed_ = 0;
   std::vector<uint64_t> align_buf_;  // AlignForRead storage
+  // Null without ReplicaOptions::metrics.
+  std::unique_ptr<ReplicaMetrics> metrics_;
 };
 
 }  // namespace

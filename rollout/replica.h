@@ -48,6 +48,8 @@
 
 namespace bitroll::rollout {
 
+class Metrics;  // rollout/metrics.h
+
 struct ReplicaOptions {
   std::string name = "replica";  // shown in Status and in each Trajectory
   bool remote = false;           // informational: a separate process / host
@@ -64,6 +66,8 @@ struct ReplicaOptions {
   // Encodes a text prompt into token ids. Unset: the engine's tokenizer (BOS prepended, as
   // `bitroll generate` does); an engine without one finishes text prompts with kUnsupported.
   std::function<Result<std::vector<int32_t>>(std::string_view)> encode_text;
+  // Engine counters exported at each heartbeat (rollout/metrics.h); null: none. Not owned.
+  Metrics* metrics = nullptr;
 };
 
 // Runs the replica loop until `stop` is true. Returns OK on a clean stop, or the socket error

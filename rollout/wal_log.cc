@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "rollout/metrics.h"
+
 namespace bitroll::rollout {
 
 Result<std::unique_ptr<WalLog>> WalLog::Open(const WalServiceOptions& options) {
@@ -68,6 +70,10 @@ Status WalLog::MaybeCommit(bool force) {
   }
   const uint64_t last = wal_->LastLsn();
   BR_RETURN_IF_ERROR(wal_->Commit());
+  if (metrics) {
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - now;
+    metrics->WalCommitted(took.count(), wal_->stats().bytes_written);
+  }
   committed_lsn_ = last;
   return Status::Ok();
 }

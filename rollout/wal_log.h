@@ -42,6 +42,8 @@
 
 namespace bitroll::rollout {
 
+class Metrics;  // rollout/metrics.h
+
 struct WalServiceOptions {
   // Data directory of the WAL (one LMDB environment). Empty = no WAL (the service as before).
   std::string dir;
@@ -129,6 +131,8 @@ class WalLog {
   wal::WalStats stats() const { return wal_->stats(); }
 
   WalCounters counters;
+  // Commit latency and bytes go here (rollout/metrics.h); null: none. Not owned.
+  Metrics* metrics = nullptr;
 
  private:
   WalLog(const WalServiceOptions& options, std::unique_ptr<wal::Wal> w)

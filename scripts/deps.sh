@@ -12,12 +12,14 @@ PACKAGES=(
   libspdlog-dev libfmt-dev
   nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev
   libseccomp-dev bubblewrap
+  prometheus-cpp-dev
   qemu-system-x86 busybox-static cpio
   iproute2 procps
   python3 python3-zmq python3-flatbuffers python3-numpy
   python3-pip python3-setuptools python3-venv
   # operations tests (tests/ops/): a single-host Slurm cluster, scripts/plot_cost.py's pictures
   slurm-wlm munge python3-matplotlib
+  prometheus  # test only: the ops test scrapes `bitroll serve --metrics-bind` with it
 )
 
 missing=()

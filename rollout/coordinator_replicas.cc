@@ -168,7 +168,10 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     if (it == works.end() || it->second.replica != r) continue;  // aborted or re-dispatched
     replicas[r].inflight.erase(it->second.id);
     it->second.replica = -1;
-    if (options.metrics) options.metrics->TurnFinished(t->cost() ? t->cost()->decode_tokens() : 0);
+    if (options.metrics && t->ids()) {  // sampled tokens: those forced on a resume are not new
+      options.metrics->TurnFinished(t->ids()->size() -
+                                    std::min<size_t>(t->ids()->size(), it->second.forced));
+    }
     // Not streamed (a replica that sends no chunks): the injected ids ride on the trajectory.
     if (t->injected_ids()) OnInjected(&it->second, *t->injected_ids());
     if (ContinueToolLoop(&it->second, *t)) continue;  // a tool call runs; the next turn follows

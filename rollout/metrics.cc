@@ -111,10 +111,11 @@ struct Metrics::Impl {
                                       .Name("bitroll_trajectories_finished_total")
                                       .Help("Trajectories finished, by cost regime")
                                       .Register(*registry);
-  Family<Counter>& tokens = prometheus::BuildCounter()
-                                .Name("bitroll_tokens_generated_total")
-                                .Help("Tokens sampled by the replicas in finished model turns")
-                                .Register(*registry);
+  Family<Counter>& tokens =
+      prometheus::BuildCounter()
+          .Name("bitroll_tokens_generated_total")
+          .Help("Tokens sampled in finished model turns (resumed tokens not counted)")
+          .Register(*registry);
   Family<Counter>& cost = prometheus::BuildCounter()
                               .Name("bitroll_cost_usd_total")
                               .Help("Price of finished trajectories (--price-*), by cost regime")
@@ -180,10 +181,11 @@ struct Metrics::Impl {
                                .Name("bitroll_replica_waiting")
                                .Help("Sequences waiting in the replica's engine")
                                .Register(*registry);
-  Family<Counter>& decode = prometheus::BuildCounter()
-                                .Name("bitroll_decode_tokens_total")
-                                .Help("Decode steps the replica's engine ran (sampled tokens)")
-                                .Register(*registry);
+  Family<Counter>& decode =
+      prometheus::BuildCounter()
+          .Name("bitroll_decode_tokens_total")
+          .Help("Decode steps the engine ran (a sequence's first token comes from its prefill)")
+          .Register(*registry);
   Family<Counter>& computed = prometheus::BuildCounter()
                                   .Name("bitroll_prefill_tokens_computed_total")
                                   .Help("Prefill tokens the engine computed (cache misses)")
@@ -329,8 +331,8 @@ void Metrics::SetWalFailed(const std::string& reason) {
   impl_->ready_g.Set(0);
 }
 
-void Metrics::TurnFinished(int64_t decode_tokens) {
-  if (decode_tokens > 0) impl_->tokens_total.Increment(static_cast<double>(decode_tokens));
+void Metrics::TurnFinished(int64_t sampled_tokens) {
+  if (sampled_tokens > 0) impl_->tokens_total.Increment(static_cast<double>(sampled_tokens));
 }
 
 void Metrics::TrajectoryFinished(const CostInfo& cost, int32_t turns) {

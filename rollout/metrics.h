@@ -104,8 +104,9 @@ class Metrics {
   void SetWalFailed(const std::string& reason);
 
   // ---- coordinator hooks ----
-  // A model turn finished on a replica (every turn of a tool loop): its decode tokens.
-  void TurnFinished(int64_t decode_tokens);
+  // A model turn finished on a replica (every turn of a tool loop): the tokens it sampled
+  // (the logged tokens a resumed turn re-scored are not counted).
+  void TurnFinished(int64_t sampled_tokens);
   // A trajectory finished (all turns): its total cost and turn count give the regime
   // (rollout/cost_report.h: agentic, long_context, short_chat).
   void TrajectoryFinished(const CostInfo& cost, int32_t turns);

@@ -240,7 +240,7 @@ TEST(MetricsService, TokensTrajectoriesAndWalCommits) {
       return SumOf(t, "bitroll_decode_tokens_total") > 0 &&
              Sample(t, R"(bitroll_replica_alive{replica="replica-1"})") == 1;
     });
-    EXPECT_EQ(SumOf(text, "bitroll_decode_tokens_total"), before) << text;
+    EXPECT_GT(SumOf(text, "bitroll_decode_tokens_total"), 0) << text;
     // The NullEngine has no KV cache: the series is there, at 0 (tests/ops has the real model).
     EXPECT_EQ(Sample(text, R"(bitroll_kv_capacity_tokens{replica="replica-0"})"), 0) << text;
     EXPECT_EQ(Sample(text, "bitroll_replicas_alive"), 2) << text;

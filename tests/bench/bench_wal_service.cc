@@ -2,6 +2,7 @@
 //   build/tests/bench_wal_service [--models DIR] [--work DIR] [--reps R] [--n N]
 //                                 [--trajectories T] [--tokens M] [--threads K]
 //                                 [--trajectories-110m T] [--tokens-110m M] [--skip-110m]
+//                                 [--metrics]
 //
 // Generated tokens/s through the whole rollout service (in-process Coordinator on tcp://127.0.0.1,
 // one real engine replica, one C++ client submitting one GRPO-style group) with the token-level
@@ -17,12 +18,19 @@
 // CPU us/token = the whole process's CPU time (user + system, every thread: engine, coordinator,
 // WAL committer) during a run / its tokens. On a shared machine wall-clock rates swing with other
 // load; the CPU time the WAL adds per token is the steadier measure of its cost.
+// --metrics: the cost of --metrics-bind (rollout/metrics.h) instead: modes off, off+metrics, sync,
+// sync+metrics, where +metrics serves /metrics on an ephemeral port and a scraper thread GETs it
+// every second (a Prometheus at scrape_interval 1s); "metrics cost" compares each pair per rep.
 // Models: stories260K (its decode is so fast that it shows the WAL's worst case) and a random
 // stories110m (a realistic decode rate), written into --work on first use.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,12 +38,14 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
 #include "engine/make_model.h"
 #include "rollout/client.h"
 #include "rollout/coordinator.h"
+#include "rollout/metrics.h"
 #include "tests/bench/bench_flags.h"
 
 namespace {
@@ -54,6 +64,7 @@ struct Args {
   int trajectories_110m = 32;
   int tokens_110m = 32;
   bool skip_110m = false;
+  bool metrics = false;
 };
 
 [[noreturn]] void Die(const std::string& what, const Status& s) {
@@ -70,12 +81,37 @@ struct Mode {
   const char* name;
   bool wal;
   wal::Durability durability;
+  bool metrics = false;
 };
 constexpr Mode kModes[] = {{"off", false, wal::Durability::kNone},
                            {"none", true, wal::Durability::kNone},
                            {"window", true, wal::Durability::kWindow},
                            {"sync", true, wal::Durability::kSyncEveryCommit}};
+constexpr Mode kMetricsModes[] = {{"off", false, wal::Durability::kNone},
+                                  {"off+metrics", false, wal::Durability::kNone, true},
+                                  {"sync", true, wal::Durability::kSyncEveryCommit},
+                                  {"sync+metrics", true, wal::Durability::kSyncEveryCommit, true}};
 constexpr int kNumModes = 4;
+
+// GET /metrics on 127.0.0.1:port; the bytes read (0 on failure).
+size_t Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  size_t got = 0;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (write(fd, req, sizeof(req) - 1) > 0) {
+      char buf[16384];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) got += static_cast<size_t>(n);
+    }
+  }
+  close(fd);
+  return got;
+}
 
 using Key = std::pair<uint32_t, uint32_t>;
 struct Out {
@@ -149,11 +185,57 @@ bool Identical(const std::map<Key, Out>& a, const std::map<Key, Out>& b) {
   return true;
 }
 
+// The metrics' own CPU cost, measured on the calls themselves (the end-to-end A/B above is
+// within the noise of a shared machine): per finished trajectory (TurnFinished +
+// TrajectoryFinished), per replica heartbeat (ReplicaMetrics::Update), per coordinator
+// publication and per scrape (Render of a registry with one replica), then the share of one core
+// they take at `traj_per_s` trajectories/s with 10 heartbeats + 10 publications + 1 scrape a
+// second.
+void MetricsMicro(double traj_per_s) {
+  auto m = rollout::Metrics::Start({"", true});
+  if (!m.ok()) Die("metrics", m.status());
+  rollout::Metrics& mt = **m;
+  auto rm = mt.ForReplica("replica-0");
+  auto ns_per = [](int iters, auto&& fn) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) fn(i);
+    return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / iters;
+  };
+  rollout::CostInfo cost;
+  cost.prefill_computed = 16;
+  cost.decode_tokens = 200;
+  cost.engine_seconds = 0.01;
+  const double traj_ns = ns_per(1000000, [&](int) {
+    mt.TurnFinished(200);
+    mt.TrajectoryFinished(cost, 1);
+  });
+  engine::EngineStats st;
+  st.kv_blocks_total = 1000;
+  st.kv_block_tokens = 16;
+  const double beat_ns = ns_per(100000, [&](int i) {
+    st.decode_tokens += i;
+    st.prefill_tokens_computed += 16;
+    rm->Update(st, 512);
+  });
+  rollout::CoordinatorSnapshot snap;
+  snap.replicas.push_back({"replica-0", true, 0, 8});
+  const double pub_ns = ns_per(100000, [&](int) { mt.PublishCoordinator(snap); });
+  size_t bytes = 0;
+  const double render_ns = ns_per(2000, [&](int) { bytes += mt.Render().size(); });
+  const double per_s = traj_per_s * traj_ns + 10 * beat_ns + 10 * pub_ns + render_ns;
+  std::printf(
+      "  metrics calls: %.0f ns/trajectory, %.0f ns/heartbeat, %.0f ns/publication, %.1f us/scrape "
+      "(%zu bytes)\n  => %.4f%% of one core at %.0f trajectories/s, 1 scrape/s\n",
+      traj_ns, beat_ns, pub_ns, render_ns / 1000, bytes / 2000, 100.0 * per_s / 1e9, traj_per_s);
+}
+
 void Bench(const std::string& name, const engine::EngineOptions& eo, int prompts, int max_tokens,
            int vocab, const Args& a) {
   std::printf("\n== %s: %d prompts x n=%d, %d tokens, 1 replica x %d thread(s), %d reps ==\n",
               name.c_str(), prompts, a.n, max_tokens, a.threads, a.reps);
+  const Mode* modes = a.metrics ? kMetricsModes : kModes;
   struct Service {
+    std::unique_ptr<rollout::Metrics> metrics;  // outlives the coordinator
     std::unique_ptr<rollout::Coordinator> coord;
     std::unique_ptr<rollout::Client> client;
     std::string dir;
@@ -162,11 +244,17 @@ void Bench(const std::string& name, const engine::EngineOptions& eo, int prompts
   for (int m = 0; m < kNumModes; ++m) {
     rollout::CoordinatorOptions co;
     co.bind = "tcp://127.0.0.1:*";
-    if (kModes[m].wal) {
-      services[m].dir = a.work + "/wal-" + std::to_string(getpid()) + "-" + kModes[m].name;
+    if (modes[m].metrics) {
+      auto mt = rollout::Metrics::Start({"127.0.0.1:0", true});
+      if (!mt.ok()) Die("metrics", mt.status());
+      services[m].metrics = std::move(mt).value();
+      co.metrics = co.local_replica.metrics = services[m].metrics.get();
+    }
+    if (modes[m].wal) {
+      services[m].dir = a.work + "/wal-" + std::to_string(getpid()) + "-" + modes[m].name;
       std::filesystem::remove_all(services[m].dir);
       co.wal.dir = services[m].dir;
-      co.wal.durability = kModes[m].durability;
+      co.wal.durability = modes[m].durability;
       co.wal.commit_interval_ms = 10;
     }
     engine::EngineOptions o = eo;
@@ -186,7 +274,21 @@ void Bench(const std::string& name, const engine::EngineOptions& eo, int prompts
   }
   std::vector<std::vector<double>> rates(kNumModes), ratios(kNumModes), cpu_us(kNumModes);
   std::vector<int64_t> bytes(kNumModes), tokens(kNumModes);
+  std::vector<double> metrics_cost[2],
+      traj_per_s;  // per rep: off+metrics / off, sync+metrics / sync
   bool identical = true;
+  std::atomic<bool> stop_scraper{false};
+  std::atomic<int64_t> scraped{0};
+  std::thread scraper([&] {
+    while (!stop_scraper.load()) {
+      for (const Service& s : services) {
+        if (s.metrics) scraped += Scrape(s.metrics->port()) > 0 ? 1 : 0;
+      }
+      for (int i = 0; i < 20 && !stop_scraper.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  });
   for (int rep = -1; rep < a.reps; ++rep) {  // rep -1 warms every service up, untimed
     std::vector<Run> runs(kNumModes);
     for (int m = 0; m < kNumModes; ++m) {
@@ -202,17 +304,34 @@ void Bench(const std::string& name, const engine::EngineOptions& eo, int prompts
       tokens[m] += runs[m].tokens;
       identical = identical && Identical(runs[m].outs, runs[0].outs);
     }
+    if (a.metrics) {
+      traj_per_s.push_back(a.n * prompts / std::max(runs[1].secs, 1e-9));
+      metrics_cost[0].push_back(rates[1].back() / std::max(rates[0].back(), 1e-9));
+      metrics_cost[1].push_back(rates[3].back() / std::max(rates[2].back(), 1e-9));
+    }
   }
-  std::printf("  %-8s %12s %10s %14s %14s %12s\n", "wal", "tok/s", "vs off", "bytes/token",
+  stop_scraper.store(true);
+  scraper.join();
+  std::printf("  %-12s %12s %10s %14s %14s %12s\n", "wal", "tok/s", "vs off", "bytes/token",
               "cpu us/token", "cpu vs off");
   for (int m = 0; m < kNumModes; ++m) {
-    std::printf("  %-8s %12.1f %10.3f %14.1f %14.2f %12.3f\n", kModes[m].name, Median(rates[m]),
+    std::printf("  %-12s %12.1f %10.3f %14.1f %14.2f %12.3f\n", modes[m].name, Median(rates[m]),
                 Median(ratios[m]), static_cast<double>(bytes[m]) / std::max<int64_t>(tokens[m], 1),
                 Median(cpu_us[m]), Median(cpu_us[m]) / std::max(Median(cpu_us[0]), 1e-9));
   }
   std::printf("  (medians over %d interleaved reps; 'vs off' is the median of per-rep ratios)\n",
               a.reps);
   std::printf("  every mode bit-identical to WAL off (memcmp): %s\n", identical ? "yes" : "NO");
+  if (a.metrics) {
+    std::printf(
+        "  metrics cost (median per-rep tok/s ratio): off+metrics/off %.4f, sync+metrics/sync "
+        "%.4f; cpu us/token +metrics/without: off %.4f, sync %.4f; %lld scrapes\n",
+        Median(metrics_cost[0]), Median(metrics_cost[1]),
+        Median(cpu_us[1]) / std::max(Median(cpu_us[0]), 1e-9),
+        Median(cpu_us[3]) / std::max(Median(cpu_us[2]), 1e-9),
+        static_cast<long long>(scraped.load()));
+    MetricsMicro(Median(traj_per_s));
+  }
   std::fflush(stdout);
   for (auto& s : services) {
     s.client.reset();
@@ -235,7 +354,7 @@ int main(int argc, char** argv) {
                 {"--tokens", &a.tokens},
                 {"--trajectories-110m", &a.trajectories_110m},
                 {"--tokens-110m", &a.tokens_110m}};
-  flags.switches = {{"--skip-110m", &a.skip_110m}};
+  flags.switches = {{"--skip-110m", &a.skip_110m}, {"--metrics", &a.metrics}};
   if (!flags.Parse("bench_wal_service", argc, argv)) return 2;
   if (a.reps < 1 || a.n < 1 || a.threads < 1 || a.trajectories < a.n || a.tokens < 1 ||
       a.trajectories_110m < a.n || a.tokens_110m < 1) {

@@ -20,7 +20,8 @@
 // load; the CPU time the WAL adds per token is the steadier measure of its cost.
 // --metrics: the cost of --metrics-bind (rollout/metrics.h) instead: modes off, off+metrics, sync,
 // sync+metrics, where +metrics serves /metrics on an ephemeral port and a scraper thread GETs it
-// every second (a Prometheus at scrape_interval 1s); "metrics cost" compares each pair per rep.
+// every second (a Prometheus at scrape_interval 1s); "metrics cost" compares each pair per rep,
+// and odd reps run each pair in the other order (use an even --reps).
 // Models: stories260K (its decode is so fast that it shows the WAL's worst case) and a random
 // stories110m (a realistic decode rate), written into --work on first use.
 #include <arpa/inet.h>
@@ -291,7 +292,10 @@ void Bench(const std::string& name, const engine::EngineOptions& eo, int prompts
   });
   for (int rep = -1; rep < a.reps; ++rep) {  // rep -1 warms every service up, untimed
     std::vector<Run> runs(kNumModes);
-    for (int m = 0; m < kNumModes; ++m) {
+    for (int k = 0; k < kNumModes; ++k) {
+      // --metrics: odd reps run each pair the other way round (B before A), so that the
+      // position within a rep (measured: +5..7% CPU for the second run) cancels out.
+      const int m = a.metrics && rep % 2 != 0 ? k ^ 1 : k;
       runs[m] = RunGroup(*services[m].client, prompts, a.n, max_tokens, vocab, rep + 1);
     }
     if (rep < 0) continue;

@@ -111,6 +111,15 @@ TEST(ConfigTest, ToolWorkRootAndDiskCap) {
             "--tool-disk-bytes: '-5' is not an integer in [0, 18446744073709551615]");
 }
 
+TEST(ConfigTest, MetricsBind) {
+  ServeConfig c;
+  EXPECT_EQ(c.metrics_bind, "");  // off by default
+  ASSERT_TRUE(ParseConfigJson(R"({"metrics_bind": "0.0.0.0:9400"})", &c).ok());
+  EXPECT_EQ(c.metrics_bind, "0.0.0.0:9400");
+  ASSERT_TRUE(Flags({"serve", "--metrics-bind", "127.0.0.1:0"}, &c).ok());
+  EXPECT_EQ(c.metrics_bind, "127.0.0.1:0");
+}
+
 TEST(ConfigTest, BadFlags) {
   ServeConfig c;
   Status s = Flags({"serve", "--replicas", "x"}, &c);

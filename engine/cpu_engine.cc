@@ -1,4 +1,5 @@
 #include "engine/cpu_engine.h"
+#include "engine/invariance_break.h"
 #include "engine/model_loader.h"
 
 #include <algorithm>
@@ -67,6 +68,8 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   }
   BR_ASSIGN_OR_RETURN(kernels::Isa isa, kernels::ParseIsa(o.isa));
   BR_ASSIGN_OR_RETURN(kernels::AttentionKernel attention, ParseAttention(o.attention));
+  // Test only (engine/invariance_break.h): read once here, never on the hot path.
+  BR_ASSIGN_OR_RETURN(MatmulFn broken_matmul, TestBreakMatmulFromEnv());
   std::unique_ptr<CpuEngine> e(new CpuEngine());
   e->opt_ = o;
   e->weight_version_ = o.weight_version;
@@ -102,7 +105,7 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
     topt.attention = attention;
     topt.pool = e->pool_.get();
     topt.weight_storage = parts.weight_storage;
-    topt.matmul_override = parts.matmul_override;
+    topt.matmul_override = parts.matmul_override != nullptr ? parts.matmul_override : broken_matmul;
     BR_ASSIGN_OR_RETURN(e->backend_, Transformer::Create(std::move(parts.weights), topt));
   }
   e->info_.fingerprint.backend = e->backend_->fingerprint_backend();

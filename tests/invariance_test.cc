@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "engine/invariance_break.h"
 #include "kernels/cpu/matmul.h"
 #include "tests/engine_test_util.h"
 #include "tests/invariance_checks.h"
@@ -137,29 +138,10 @@ TEST(Invariance, ThousandIdenticalRequestsGiveOneOutput) {
 
 // ---- negative controls ----
 
-// A batch-variant matmul: with more than one row in the batch it splits K in two halves and adds
-// the halves (split-K chosen by batch size: exactly the kind of kernel the contract forbids).
-void BatchVariantMatmul(kernels::Isa isa, const kernels::MatmulParams& p,
-                        kernels::ThreadPool* pool) {
-  if (p.m == 1) {
-    kernels::Matmul(isa, p, pool);
-    return;
-  }
-  const int64_t n = p.w->n(), k = p.w->k(), half = k / 2;
-  std::vector<float> w(k);
-  for (int64_t j = 0; j < n; ++j) {
-    p.w->UnpackRow(j, w.data());
-    for (int64_t i = 0; i < p.m; ++i) {
-      const float* x = p.x + i * p.ldx;
-      float a = 0.0f, b = 0.0f;
-      for (int64_t kk = 0; kk < half; ++kk) a = std::fma(x[kk], w[kk], a);
-      for (int64_t kk = half; kk < k; ++kk) b = std::fma(x[kk], w[kk], b);
-      float acc = a + b;
-      if (p.bias != nullptr) acc += p.bias[j];
-      p.y[i * p.ldy + j] = acc;
-    }
-  }
-}
+// The batch-variant matmul of engine/invariance_break.h (split-K chosen by batch size: exactly
+// the kind of kernel the contract forbids; BITROLL_TEST_BREAK_INVARIANCE=matmul plugs the same one
+// into every engine of a process).
+using engine::BatchVariantMatmul;
 
 TEST(InvarianceNegativeControl, BatchVariantMatmulIsCaught) {
   EngineSetup s;

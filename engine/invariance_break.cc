@@ -1,0 +1,40 @@
+#include "engine/invariance_break.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace bitroll::engine {
+
+void BatchVariantMatmul(kernels::Isa isa, const kernels::MatmulParams& p,
+                        kernels::ThreadPool* pool) {
+  if (p.m == 1) {
+    kernels::Matmul(isa, p, pool);
+    return;
+  }
+  const int64_t n = p.w->n(), k = p.w->k(), half = k / 2;
+  std::vector<float> w(k);
+  for (int64_t j = 0; j < n; ++j) {
+    p.w->UnpackRow(j, w.data());
+    for (int64_t i = 0; i < p.m; ++i) {
+      const float* x = p.x + i * p.ldx;
+      float a = 0.0f, b = 0.0f;
+      for (int64_t kk = 0; kk < half; ++kk) a = std::fma(x[kk], w[kk], a);
+      for (int64_t kk = half; kk < k; ++kk) b = std::fma(x[kk], w[kk], b);
+      float acc = a + b;
+      if (p.bias != nullptr) acc += p.bias[j];
+      p.y[i * p.ldy + j] = acc;
+    }
+  }
+}
+
+Result<MatmulFn> TestBreakMatmulFromEnv() {
+  const char* v = std::getenv(kTestBreakInvarianceEnv);
+  if (v == nullptr || *v == '\0') return MatmulFn{nullptr};
+  if (std::string(v) == "matmul") return &BatchVariantMatmul;
+  return Status::InvalidArgument(std::string(kTestBreakInvarianceEnv) + "='" + v +
+                                 "': the only test switch is 'matmul' (unset it to serve)");
+}
+
+}  // namespace bitroll::engine

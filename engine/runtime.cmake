@@ -9,6 +9,7 @@ add_library(bitroll_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/forward_backend.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl_weights.cc
+  ${CMAKE_CURRENT_LIST_DIR}/invariance_checks.cc
   ${CMAKE_CURRENT_LIST_DIR}/invariance_break.cc)
 target_include_directories(bitroll_engine PUBLIC ${CMAKE_SOURCE_DIR})
 target_include_directories(bitroll_engine PRIVATE ${BITROLL_XXHASH_INCLUDE})

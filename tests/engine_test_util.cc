@@ -10,6 +10,7 @@
 #include <mutex>
 #include <random>
 
+#include "engine/invariance_checks.h"
 #include "engine/loaders/llama2c.h"
 #include "engine/tokenizers/llama2c_tokenizer.h"
 
@@ -91,24 +92,8 @@ std::map<uint64_t, engine::SequenceOutput> RunAll(
 }
 
 bool SameTrajectory(const engine::SequenceOutput& a, const engine::SequenceOutput& b) {
-  return a.finish == b.finish && a.tokens == b.tokens && a.logprobs.size() == b.logprobs.size() &&
-         std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)) == 0;
-}
-
-engine::SequenceRequest RandomRequest(uint64_t id, uint32_t seed, int32_t vocab, int32_t max_prompt,
-                                      int32_t max_tokens, const engine::SamplingParams& sp) {
-  std::mt19937 rng(seed);
-  engine::SequenceRequest r;
-  r.id = id;
-  r.prompt.push_back(1);
-  const int32_t n = std::uniform_int_distribution<int32_t>(1, max_prompt)(rng);
-  for (int32_t i = 0; i < n; ++i)
-    r.prompt.push_back(std::uniform_int_distribution<int32_t>(3, vocab - 1)(rng));
-  r.sampling = sp;
-  r.sampling.seed = sp.seed + seed;
-  r.sample_index = seed % 8;
-  r.stop.max_tokens = std::uniform_int_distribution<int32_t>(1, max_tokens)(rng);
-  return r;
+  engine::InvarianceMismatch m;
+  return !engine::FirstDifference(a, b, &m);
 }
 
 engine::SamplingParams Greedy() {

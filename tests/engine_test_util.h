@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/cpu_engine.h"
+#include "engine/invariance_checks.h"
 #include "engine/model_weights.h"
 #include "engine/tokenizer.h"
 
@@ -65,8 +66,8 @@ engine::SequenceRequest RunCRequest(uint64_t id, const std::vector<int32_t>& pro
 std::vector<int32_t> RunCSequence(const std::vector<int32_t>& prompt,
                                   const std::vector<int32_t>& generated);
 
-// A random request: BOS + 1..max_prompt random ids, random max_tokens, the given sampling params.
-engine::SequenceRequest RandomRequest(uint64_t id, uint32_t seed, int32_t vocab, int32_t max_prompt,
-                                      int32_t max_tokens, const engine::SamplingParams& sp);
+// A random request: BOS + 1..max_prompt random ids, random max_tokens, the given sampling params
+// (engine/invariance_checks.h, shared with the start-up self-test).
+using engine::RandomRequest;
 
 }  // namespace bitroll::testing_util

@@ -1,5 +1,7 @@
-// The engine invariance checks, written once for every backend: each takes a factory of fresh
-// engines and compares trajectories with memcmp (SameTrajectory). tests/invariance_test.cc runs
+// The engine invariance checks in gtest form, for every backend: each takes a factory of fresh
+// engines and fails the calling test on a mismatch (with its first differing token). The checks
+// themselves are engine/invariance_checks.h, shared with the start-up self-test
+// (engine/self_test.h); these wrappers give them the suite's sizes. tests/invariance_test.cc runs
 // them on the CPU engine, engine/cuda/cuda_engine_test.cc on the GPU backend, each with its own
 // negative controls.
 #pragma once

@@ -10,7 +10,8 @@ add_library(bitroll_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl_weights.cc
   ${CMAKE_CURRENT_LIST_DIR}/invariance_checks.cc
-  ${CMAKE_CURRENT_LIST_DIR}/invariance_break.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/invariance_break.cc
+  ${CMAKE_CURRENT_LIST_DIR}/self_test.cc)
 target_include_directories(bitroll_engine PUBLIC ${CMAKE_SOURCE_DIR})
 target_include_directories(bitroll_engine PRIVATE ${BITROLL_XXHASH_INCLUDE})
 target_link_libraries(bitroll_engine PUBLIC bitroll_model bitroll_kernels bitroll_status Threads::Threads

@@ -1,0 +1,261 @@
+#include "engine/self_test.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <utility>
+
+#include "engine/cpu_engine.h"
+#include "engine/forward_backend.h"
+#include "engine/kv_cache.h"
+#include "engine/model_weights.h"
+#include "kernels/cpu/isa.h"
+
+namespace bitroll::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Fresh engines on the served weights: `options` with the variant applied, a small private KV
+// pool (room for one full-context sequence plus 64 blocks; reserved, not touched) and no disk
+// tier.
+EngineFactory FactoryOn(std::shared_ptr<const ModelWeights> weights, EngineOptions options) {
+  const ModelConfig& c = weights->config;
+  KvCacheOptions kv;
+  kv.n_layers = c.n_layers;
+  kv.n_kv_heads = c.n_kv_heads;
+  kv.head_dim = c.head_dim();
+  kv.block_size = 16;
+  const int64_t blocks = (c.max_seq_len + kv.block_size - 1) / kv.block_size + 64;
+  options.kv_cache_bytes = blocks * KvCache::BlockBytes(kv);
+  options.kv_disk_dir.clear();
+  return [weights, options](const EngineVariant& v) -> Result<std::unique_ptr<Engine>> {
+    CpuEngineParts parts;
+    parts.weights = weights;
+    parts.options = options;
+    EngineOptions& o = parts.options;
+    if (v.max_step_tokens > 0) o.max_step_tokens = v.max_step_tokens;
+    if (v.max_prefill_chunk > 0) o.max_prefill_chunk = v.max_prefill_chunk;
+    if (v.threads > 0) o.threads = v.threads;
+    if (!v.isa.empty()) o.isa = v.isa;
+    if (!v.attention.empty()) o.attention = v.attention;
+    BR_ASSIGN_OR_RETURN(parts.backend, MakeDeviceBackend(o, weights));
+    BR_ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> e, CpuEngine::Create(std::move(parts)));
+    return std::unique_ptr<Engine>(std::move(e));
+  };
+}
+
+// The self-test's requests: prompts of 5, 19 and 37 tokens (fewer on a short context), greedy,
+// sampled with top-p, sampled with top-k; no EOS/BOS stop, so each makes `gen` tokens.
+std::vector<SequenceRequest> Requests(const ModelInfo& info, const SelfTestOptions& st) {
+  const int32_t gen = std::max<int32_t>(1, st.generate_tokens);
+  const int32_t room = std::max<int32_t>(1, info.max_seq_len - gen - 1);
+  std::mt19937 rng(st.seed);
+  const int32_t lo = std::min<int32_t>(3, info.vocab_size - 1);
+  std::uniform_int_distribution<int32_t> id(lo, info.vocab_size - 1);
+  std::vector<SequenceRequest> out;
+  const int32_t lengths[] = {5, 19, 37};
+  for (int i = 0; i < 3; ++i) {
+    SequenceRequest r;
+    r.id = static_cast<uint64_t>(i + 1);
+    r.prompt.push_back(info.bos_id);
+    for (int32_t k = 1; k < std::min(lengths[i], room); ++k) r.prompt.push_back(id(rng));
+    r.sample_index = static_cast<uint32_t>(i);
+    r.sampling.seed = st.seed * 1000 + static_cast<uint64_t>(i);
+    if (i == 0) r.sampling.temperature = 0.0f;
+    if (i == 1) r.sampling.top_p = 0.9f;
+    if (i == 2) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_k = 40;
+    }
+    r.stop.max_tokens = gen;
+    r.stop.stop_at_eos = false;
+    r.stop.stop_at_bos = false;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<std::string> AvailableIsas() {
+  std::vector<std::string> out;
+  for (kernels::Isa isa : {kernels::Isa::kScalar, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (kernels::IsaSupported(isa)) out.emplace_back(kernels::IsaName(isa));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string SelfTestReport::Summary() const {
+  if (!ran) return "skipped: " + skipped;
+  char secs[32];
+  std::snprintf(secs, sizeof(secs), "%.3f s", seconds);
+  if (!mismatches.empty()) {
+    std::string s = "FAILED: " + mismatches.front().ToString();
+    if (mismatches.size() > 1) s += "; " + std::to_string(mismatches.size() - 1) + " more";
+    return s;
+  }
+  if (!passed) return std::string("FAILED: not every check ran (") + secs + ")";
+  std::string s = "passed:";
+  for (size_t i = 0; i < checks.size(); ++i) s += (i ? ", " : " ") + checks[i].name;
+  s += " (isa";
+  for (const std::string& isa : isas) s += " " + isa;
+  return s + ") in " + secs;
+}
+
+std::string SelfTestReport::ToString() const {
+  std::string s = Summary() + "\n";
+  for (const Check& c : checks) {
+    char line[160];
+    std::snprintf(line, sizeof(line), "  %-18s %s  %.3f s\n", c.name.c_str(),
+                  c.mismatches == 0 ? "ok      " : "MISMATCH", c.seconds);
+    s += line;
+  }
+  for (const InvarianceMismatch& m : mismatches) s += "  " + m.ToString() + "\n";
+  return s;
+}
+
+const char* SelfTestVerdict::state_name() const {
+  switch (state) {
+    case State::kNotRun:
+      return "not run";
+    case State::kPassed:
+      return "passed";
+    case State::kFailed:
+      return "failed";
+    case State::kSkipped:
+      return "skipped";
+  }
+  return "unknown";
+}
+
+SelfTestVerdict VerdictOf(const Status& status, const SelfTestReport& report) {
+  SelfTestVerdict v;
+  if (!status.ok()) {
+    v.state = SelfTestVerdict::State::kFailed;
+    v.reason = report.mismatches.empty() ? status.ToString() : report.Summary();
+  } else if (!report.ran) {
+    v.state = SelfTestVerdict::State::kSkipped;
+    v.reason = report.Summary();
+  } else {
+    v.state = report.passed ? SelfTestVerdict::State::kPassed : SelfTestVerdict::State::kFailed;
+    v.reason = report.Summary();
+  }
+  return v;
+}
+
+Status RunInvarianceSelfTest(const Engine& served, const EngineOptions& options,
+                             const SelfTestOptions& self_test, SelfTestReport* report) {
+  *report = SelfTestReport{};
+  const Clock::time_point t0 = Clock::now();
+  std::shared_ptr<const ModelWeights> weights = served.weights();
+  if (weights == nullptr) {
+    report->skipped = "the engine has no weights of its own (a test double)";
+    return Status::Ok();
+  }
+  report->ran = true;
+  const EngineFactory make = FactoryOn(weights, options);
+  const std::vector<SequenceRequest> reqs = Requests(served.info(), self_test);
+  report->isas = AvailableIsas();
+
+  // Runs one check, timing it and keeping its mismatches.
+  auto run = [report](const char* name, auto&& body) -> Status {
+    const Clock::time_point start = Clock::now();
+    Result<Mismatches> found = body();
+    if (!found.ok()) return found.status().WithContext(std::string("self-test ") + name);
+    report->checks.push_back({name, found->size(), Since(start)});
+    for (InvarianceMismatch& m : *found) report->mismatches.push_back(std::move(m));
+    return Status::Ok();
+  };
+
+  // 1. batch. The solo runs are also the reference of the later checks.
+  std::map<uint64_t, SequenceOutput> solo;
+  BR_RETURN_IF_ERROR(run("batch", [&]() -> Result<Mismatches> {
+    for (const SequenceRequest& r : reqs) {
+      BR_ASSIGN_OR_RETURN(solo[r.id], RunAlone(make, {}, r));
+    }
+    // A mixed batch: two random others between them, a small step budget so that prefill
+    // chunks share steps with decode rows.
+    std::vector<SequenceRequest> mixed = reqs;
+    std::mt19937 rng(self_test.seed + 1);
+    SamplingParams sp;
+    sp.seed = self_test.seed;
+    const ModelInfo& info = served.info();
+    for (uint64_t i = 0; i < 2; ++i) {
+      mixed.insert(mixed.begin() + static_cast<std::ptrdiff_t>(1 + i),
+                   RandomRequest(100 + i, rng(), info.vocab_size,
+                                 std::min<int32_t>(30, info.max_seq_len / 4),
+                                 self_test.generate_tokens, sp, info.bos_id));
+    }
+    EngineVariant small;
+    small.max_step_tokens = 16;
+    BR_ASSIGN_OR_RETURN(Mismatches out, CheckBatchEqualsSolo(make, mixed, small, &solo));
+    // The same requests in reverse order under other ids: other positions in every step.
+    std::vector<SequenceRequest> reversed(reqs.rbegin(), reqs.rend());
+    std::map<uint64_t, SequenceOutput> solo_by_new_id;
+    for (SequenceRequest& r : reversed) {
+      solo_by_new_id[r.id + 1000] = solo[r.id];
+      r.id += 1000;
+    }
+    BR_ASSIGN_OR_RETURN(Mismatches more, CheckBatchEqualsSolo(make, reversed, {}, &solo_by_new_id));
+    out.insert(out.end(), more.begin(), more.end());
+    return out;
+  }));
+
+  // 2. chunking, on the longest prompt.
+  BR_RETURN_IF_ERROR(run("chunking", [&]() {
+    return CheckPrefillChunking(make, reqs[2], {1, 7});
+  }));
+
+  // 3. prefill_vs_decode, greedy and sampled.
+  BR_RETURN_IF_ERROR(run("prefill_vs_decode", [&]() -> Result<Mismatches> {
+    Mismatches out;
+    for (const SequenceRequest& r : {reqs[0], reqs[1]}) {
+      BR_ASSIGN_OR_RETURN(Mismatches m, CheckPrefillEqualsDecode(make, r, solo[r.id], {4096, 5}));
+      out.insert(out.end(), m.begin(), m.end());
+    }
+    return out;
+  }));
+
+  // 4. variants: every ISA here, both attention kernels (on 2 threads at least: with one
+  // worker "split" has no idle worker to split over; so against a 1-thread reference they also
+  // vary the thread count), and 1 thread against a multi-thread reference. On a shorter
+  // workload (the two shorter prompts, 8 tokens): the scalar path is slow on a large model, and
+  // a few positions across two attention chunks reach every kernel.
+  BR_RETURN_IF_ERROR(run("variants", [&]() -> Result<Mismatches> {
+    std::vector<SequenceRequest> few = {reqs[0], reqs[1]};
+    for (SequenceRequest& r : few) r.stop.max_tokens = std::min<int32_t>(r.stop.max_tokens, 8);
+    BR_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make({}));
+    BR_ASSIGN_OR_RETURN(const auto reference, RunToCompletion(*e, few));
+    const int32_t split_threads = std::max<int32_t>(2, options.threads);
+    std::vector<EngineVariant> variants;
+    for (const std::string& isa : report->isas) {
+      variants.emplace_back().isa = isa;
+    }
+    for (const char* attention : {"single", "split"}) {
+      EngineVariant& v = variants.emplace_back();
+      v.threads = split_threads;
+      v.attention = attention;
+    }
+    if (options.threads != 1) variants.emplace_back().threads = 1;
+    return CheckVariants(make, few, reference, variants);
+  }));
+
+  report->seconds = Since(t0);
+  report->passed = report->mismatches.empty();
+  if (!report->passed) {
+    return Status::Internal("invariance self-test failed: " +
+                            report->mismatches.front().ToString());
+  }
+  return Status::Ok();
+}
+
+}  // namespace bitroll::engine

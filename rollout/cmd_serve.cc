@@ -15,6 +15,7 @@
 #include "rollout/metrics.h"
 #include "rollout/null_engine.h"
 #include "rollout/replica.h"
+#include "rollout/self_test_gate.h"
 
 namespace bitroll::rollout {
 
@@ -91,6 +92,11 @@ int CmdServe(int argc, char** argv) {
     }
     engines.push_back(std::move(e).value());
   }
+  if (!engines.empty()) {  // every replica runs the same model and options: one test
+    c.coordinator.self_test =
+        GateOnSelfTest("bitroll serve", *engines[0], c.engine_options, c.skip_self_test);
+    if (!c.coordinator.self_test.ok_to_serve()) return 1;
+  }
   if (!engines.empty()) {  // what each replica can hold, for sizing batches and contexts
     const engine::EngineStats st = engines[0]->stats();
     const int32_t ctx = engines[0]->info().max_seq_len;
@@ -137,6 +143,9 @@ int CmdReplica(int argc, char** argv) {
   if (!e.ok()) {
     std::fprintf(stderr, "bitroll replica: %s\n", e.status().ToString().c_str());
     return 1;
+  }
+  if (!GateOnSelfTest("bitroll replica", **e, c.engine_options, c.skip_self_test).ok_to_serve()) {
+    return 1;  // does not join the coordinator
   }
   ReplicaOptions ro;
   if (c.name.empty()) {

@@ -12,6 +12,8 @@ int CmdReplica(int argc, char** argv);
 int CmdCost(int argc, char** argv);
 // bitroll update-weights --connect EP --version V (--path FILE | --stream FILE [--full]) ...
 int CmdUpdateWeights(int argc, char** argv);
+// bitroll self-test --model PATH [...]: the start-up invariance self-test alone (exit 0 / 1)
+int CmdSelfTest(int argc, char** argv);
 // bitroll generate ... (rollout/cmd_generate.cc, when built)
 int CmdGenerate(int argc, char** argv);
 // bitroll make-model ... (rollout/cmd_make_model.cc, when built)

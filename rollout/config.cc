@@ -173,6 +173,8 @@ void AddMainFlags(CliParser* p, ServeConfig* c) {
   p->String("--metrics-bind", &c->metrics_bind,
             "serve Prometheus /metrics and /health on this address (port 0: any; off by default)",
             "HOST:PORT");
+  p->Flag("--skip-self-test", &c->skip_self_test,
+          "serve without the start-up invariance self-test (logged as a warning)");
 }
 
 void AddCoordinatorFlags(CliParser* p, ServeConfig* c) {

@@ -24,6 +24,7 @@ struct ServeConfig {
   std::string name;                      // `bitroll replica`: replica name (default host:pid)
   std::string log_level = "info";        // spdlog level name
   std::string metrics_bind;              // HOST:PORT of /metrics and /health; empty: off
+  bool skip_self_test = false;           // serve without the start-up invariance self-test
 };
 
 // Merges the JSON object in `text` into *config. Errors: kInvalidArgument (not JSON, a key of the
@@ -50,6 +51,7 @@ class CliParser;  // rollout/cli_args.h
 // default the temp folder), --tool-disk-bytes N (total workdir bytes per process/container run;
 // 0: no total cap), --price-sandbox-cpu-hour X, and the test hooks --null-delay-us N,
 // --null-vocab N, --tool-append-file PATH, --tool-append-delay-ms N.
+// --skip-self-test serves without the start-up self-test (rollout/self_test_gate.h).
 void AddServeFlags(CliParser* parser, ServeConfig* config);
 
 // The checks of a whole configuration (file and flags). Errors: kInvalidArgument.

@@ -576,6 +576,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(
   std::unique_ptr<Coordinator> c(new Coordinator());
   c->ctx_ = std::make_unique<zmq::context_t>(1);
   c->state_ = std::make_unique<State>(*c->ctx_, options);
+  c->self_test_ = options.self_test;
   State& s = *c->state_;
   s.stop = &c->stop_;
   if (!engines.empty()) {

@@ -40,6 +40,7 @@
 #include <zmq.hpp>
 
 #include "engine/engine.h"
+#include "engine/self_test.h"
 #include "rollout/protocol.h"
 #include "rollout/replica.h"
 #include "rollout/tool_runner.h"
@@ -92,6 +93,9 @@ struct CoordinatorOptions {
   WalServiceOptions wal;
   // The tool loop's workers and sandbox (rollout/tool_runner.h). The service's sandbox uses
   // uids [62000, 62000 + max_concurrent) by default, apart from sandbox tests' 61000.
+  // The start-up invariance self-test's verdict (rollout/self_test_gate.h), run by the caller
+  // before Start and kept for Status and a /health reason.
+  engine::SelfTestVerdict self_test;
   ToolRunnerOptions tools = [] {
     ToolRunnerOptions t;
     t.sandbox.uid_base = 62000;
@@ -116,6 +120,8 @@ class Coordinator {
   // Resolved endpoints (wildcard ports replaced by the bound ones).
   const std::string& endpoint() const { return endpoint_; }
   const std::string& replica_endpoint() const { return replica_endpoint_; }
+  // CoordinatorOptions::self_test: the verdict of the replicas' start-up self-test.
+  const engine::SelfTestVerdict& self_test() const { return self_test_; }
 
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
@@ -136,6 +142,7 @@ class Coordinator {
   std::string endpoint_;
   std::string replica_endpoint_;
   std::string inproc_endpoint_;
+  engine::SelfTestVerdict self_test_;
 };
 
 }  // namespace bitroll::rollout

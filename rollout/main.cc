@@ -20,7 +20,7 @@ void PrintHelp(FILE* out) {
       "              [--replica-bind tcp://0.0.0.0:PORT] [--config FILE.json] [--tokenizer PATH]\n"
       "              [--engine auto|null] [--device cpu|cuda] [--threads N] [--max-queued N]\n"
       "              [--replica-timeout-ms N] [--stream-timeout-ms N] [--price-replica-hour USD]\n"
-      "              [--weights-load-timeout-ms N] [--log-level L]\n"
+      "              [--weights-load-timeout-ms N] [--log-level L] [--skip-self-test]\n"
       "              write-ahead log: [--data-dir DIR] [--durability sync|window|none]\n"
       "              [--wal-commit-ms N] [--wal-sync-window-ms N] [--retention-max-age-s N]\n"
       "              [--retention-max-groups N]\n"
@@ -32,13 +32,15 @@ void PrintHelp(FILE* out) {
       "  replica     run one engine replica for a remote coordinator\n"
       "              --connect tcp://HOST:PORT --model PATH [--name S] [--engine auto|null]\n"
       "              [--device cpu|cuda] [--threads N] [--weights-load-timeout-ms N]\n"
-      "              [--metrics-bind HOST:PORT]\n"
+      "              [--metrics-bind HOST:PORT] [--skip-self-test]\n"
       "  cost        cost tables from trajectories (JSON Lines)\n"
       "              FILE.jsonl [--format table|csv|json] [--price-replica-hour USD]\n"
       "              [--plot FILE.png] (pictures: scripts/plot_cost.py)\n"
       "  update-weights  give a running service new weights (docs/weights.md)\n"
       "              --connect tcp://HOST:PORT --version V (--path FILE | --stream FILE\n"
       "              [--full]) [--drain] [--part-kib N] [--timeout-ms N]\n"
+      "  self-test   the start-up invariance self-test alone, on a model (exit 0 / 1)\n"
+      "              --model PATH [--device cpu|cuda] [--threads N] [--isa I]\n"
       "  generate    generate from a prompt locally (no service)\n"
       "  make-model  write a small random model for tests\n"
       "  --help      this text\n"
@@ -69,6 +71,7 @@ int main(int argc, char** argv) {
   if (!std::strcmp(cmd, "replica")) return CmdReplica(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "cost")) return CmdCost(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "update-weights")) return CmdUpdateWeights(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "self-test")) return CmdSelfTest(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "generate")) {
 #ifdef BITROLL_HAVE_CMD_GENERATE
     return CmdGenerate(argc - 1, argv + 1);

@@ -1,0 +1,94 @@
+// The start-up invariance self-test through the `bitroll` command line, as a user runs it
+// (rollout/self_test_gate.h): a healthy build serves after the self-test passed; with the
+// test-only switch BITROLL_TEST_BREAK_INVARIANCE=matmul (engine/invariance_break.h) `serve`
+// refuses to start (exit 1, the failed check on stderr), a remote `replica` does not join, and
+// `self-test` reports the batch check; --skip-self-test starts anyway and logs the warning.
+//
+// Every command that might serve runs under timeout(1), so a gate that fails to refuse shows up
+// as exit 124 instead of a hung test.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "rollout/cli_test_util.h"
+
+namespace bitroll::rollout {
+namespace {
+
+const std::string kModel = std::string(BITROLL_MODELS_DIR) + "/stories260K.bin";
+
+// `bitroll ARGS` with the break switch set (or unset), under `timeout -s TERM seconds`.
+CmdResult Bitroll(bool broken, int seconds, const std::vector<std::string>& args) {
+  std::string cmd = std::string(broken ? "env BITROLL_TEST_BREAK_INVARIANCE=matmul"
+                                       : "env -u BITROLL_TEST_BREAK_INVARIANCE") +
+                    " timeout -s TERM " + std::to_string(seconds) + " " + ShellQuote(BITROLL_EXE);
+  for (const auto& a : args) cmd += " " + ShellQuote(a);
+  return RunShell(cmd);
+}
+
+std::vector<std::string> Serve(std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"serve",  "--model",          kModel, "--replicas", "1",
+                                "--bind", "tcp://127.0.0.1:*"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+bool Has(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
+
+TEST(SelfTestCli, AHealthyServePassesTheSelfTestThenServes) {
+  const CmdResult r = Bitroll(false, 8, Serve());
+  EXPECT_EQ(r.rc, 124) << "serve should run until timeout stops it\n" << r.err;
+  EXPECT_TRUE(Has(r.out,
+                  "bitroll serve: invariance self-test passed: batch, chunking, "
+                  "prefill_vs_decode, variants"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "bitroll serve: clients tcp://127.0.0.1:")) << r.out;
+}
+
+TEST(SelfTestCli, ServeRefusesToStartWithABrokenMatmul) {
+  const CmdResult r = Bitroll(true, 60, Serve());
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_TRUE(Has(r.err, "bitroll serve: refusing to serve: the invariance self-test failed"))
+      << r.err;
+  EXPECT_TRUE(Has(r.err, "FAILED: batch: ")) << r.err;
+  EXPECT_TRUE(Has(r.err, "recorded id")) << r.err;
+  EXPECT_FALSE(Has(r.out, "bitroll serve: clients")) << r.out;
+}
+
+TEST(SelfTestCli, SkipSelfTestStartsAndWarnsLoudly) {
+  const CmdResult r = Bitroll(true, 8, Serve({"--skip-self-test"}));
+  EXPECT_EQ(r.rc, 124) << "serve should run until timeout stops it\n" << r.err;
+  EXPECT_TRUE(Has(r.out, "[warning]")) << r.out;
+  EXPECT_TRUE(Has(r.out, "--skip-self-test: the start-up invariance self-test was NOT run"))
+      << r.out;
+  EXPECT_TRUE(Has(r.out, "bitroll serve: clients tcp://127.0.0.1:")) << r.out;
+}
+
+TEST(SelfTestCli, ARemoteReplicaWithABrokenMatmulDoesNotJoin) {
+  // Nothing listens there: a replica that went on would retry the connection until timeout.
+  const CmdResult r =
+      Bitroll(true, 60, {"replica", "--connect", "tcp://127.0.0.1:9", "--model", kModel});
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_TRUE(Has(r.err, "bitroll replica: refusing to serve")) << r.err;
+  EXPECT_FALSE(Has(r.out, "connecting to")) << r.out;
+}
+
+TEST(SelfTestCli, TheSelfTestCommandPrintsTheReport) {
+  const CmdResult ok = Bitroll(false, 60, {"self-test", "--model", kModel});
+  EXPECT_EQ(ok.rc, 0) << ok.out << ok.err;
+  EXPECT_EQ(ok.out.rfind("passed: ", 0), 0u) << ok.out;
+  for (const char* check : {"batch", "chunking", "prefill_vs_decode", "variants"}) {
+    EXPECT_TRUE(Has(ok.out, std::string("  ") + check)) << ok.out;
+  }
+  const CmdResult bad = Bitroll(true, 60, {"self-test", "--model", kModel});
+  EXPECT_EQ(bad.rc, 1) << bad.out << bad.err;
+  EXPECT_EQ(bad.out.rfind("FAILED: batch: ", 0), 0u) << bad.out;
+  EXPECT_TRUE(Has(bad.out, "MISMATCH")) << bad.out;
+  EXPECT_TRUE(Has(bad.err, "invariance self-test failed")) << bad.err;
+}
+
+}  // namespace
+}  // namespace bitroll::rollout

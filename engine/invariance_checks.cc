@@ -119,6 +119,16 @@ Result<std::map<uint64_t, SequenceOutput>> RunToCompletion(
   return out;
 }
 
+Result<std::map<uint64_t, SequenceOutput>> RunOneByOne(
+    Engine& e, const std::vector<SequenceRequest>& requests) {
+  std::map<uint64_t, SequenceOutput> out;
+  for (const SequenceRequest& r : requests) {
+    BR_ASSIGN_OR_RETURN(auto one, RunToCompletion(e, {r}));
+    out[r.id] = std::move(one[r.id]);
+  }
+  return out;
+}
+
 Result<SequenceOutput> RunAlone(const EngineFactory& make, const EngineVariant& variant,
                                 const SequenceRequest& r) {
   BR_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make(variant));
@@ -191,11 +201,17 @@ Result<Mismatches> CheckBatchEqualsSolo(const EngineFactory& make,
 }
 
 Result<Mismatches> CheckPrefillChunking(const EngineFactory& make, const SequenceRequest& r,
-                                        const std::vector<int32_t>& chunks, int32_t whole_budget) {
-  EngineVariant whole;
-  whole.max_step_tokens = whole_budget;
-  whole.max_prefill_chunk = whole_budget;
-  BR_ASSIGN_OR_RETURN(const SequenceOutput ref, RunAlone(make, whole, r));
+                                        const std::vector<int32_t>& chunks, int32_t whole_budget,
+                                        const SequenceOutput* whole) {
+  SequenceOutput ref;
+  if (whole != nullptr) {
+    ref = *whole;
+  } else {
+    EngineVariant v;
+    v.max_step_tokens = whole_budget;
+    v.max_prefill_chunk = whole_budget;
+    BR_ASSIGN_OR_RETURN(ref, RunAlone(make, v, r));
+  }
   Mismatches out;
   for (int32_t chunk : chunks) {
     EngineVariant v;
@@ -211,29 +227,46 @@ Result<Mismatches> CheckPrefillChunking(const EngineFactory& make, const Sequenc
 Result<Mismatches> CheckPrefillEqualsDecode(const EngineFactory& make, const SequenceRequest& r,
                                             const SequenceOutput& decoded,
                                             const std::vector<int32_t>& budgets) {
-  if (decoded.tokens.empty()) {
-    return Status::Internal("prefill_vs_decode: request " + std::to_string(r.id) +
-                            " decoded no token to re-score");
+  return CheckPrefillEqualsDecode(make, std::vector<SequenceRequest>{r}, {{r.id, decoded}},
+                                  budgets);
+}
+
+Result<Mismatches> CheckPrefillEqualsDecode(const EngineFactory& make,
+                                            const std::vector<SequenceRequest>& requests,
+                                            const std::map<uint64_t, SequenceOutput>& decoded,
+                                            const std::vector<int32_t>& budgets) {
+  std::vector<SequenceRequest> rescores;
+  for (const SequenceRequest& r : requests) {
+    auto it = decoded.find(r.id);
+    if (it == decoded.end() || it->second.tokens.empty()) {
+      return Status::Internal("prefill_vs_decode: request " + std::to_string(r.id) +
+                              " decoded no token to re-score");
+    }
+    SequenceRequest& rescore = rescores.emplace_back(r);
+    rescore.forced = it->second.tokens;
+    rescore.stop.max_tokens = static_cast<int32_t>(it->second.tokens.size());
   }
-  SequenceRequest rescore = r;
-  rescore.forced = decoded.tokens;
-  rescore.stop.max_tokens = static_cast<int32_t>(decoded.tokens.size());
   Mismatches out;
   for (int32_t budget : budgets) {
     EngineVariant v;
     v.max_step_tokens = budget;
-    BR_ASSIGN_OR_RETURN(SequenceOutput scored, RunAlone(make, v, rescore));
+    BR_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make(v));
+    BR_ASSIGN_OR_RETURN(auto scored, RunOneByOne(*e, rescores));
     const std::string run = "decode vs forced prefill in steps of " + std::to_string(budget);
-    const size_t before = out.size();
-    Compare("prefill_vs_decode", run, {{r.id, decoded}}, {{r.id, scored}}, &out);
-    if (out.size() == before && scored.cost.decode_tokens != 0) {
-      InvarianceMismatch m;
-      m.check = "prefill_vs_decode";
-      m.run = run;
-      m.request = r.id;
-      m.recorded_tokens = m.recomputed_tokens = decoded.tokens.size();
-      m.note = "re-scoring decoded " + std::to_string(scored.cost.decode_tokens) + " tokens";
-      out.push_back(std::move(m));
+    for (const SequenceRequest& r : requests) {
+      const SequenceOutput& want = decoded.at(r.id);
+      const SequenceOutput& got = scored[r.id];
+      const size_t before = out.size();
+      Compare("prefill_vs_decode", run, {{r.id, want}}, {{r.id, got}}, &out);
+      if (out.size() == before && got.cost.decode_tokens != 0) {
+        InvarianceMismatch m;
+        m.check = "prefill_vs_decode";
+        m.run = run;
+        m.request = r.id;
+        m.recorded_tokens = m.recomputed_tokens = want.tokens.size();
+        m.note = "re-scoring decoded " + std::to_string(got.cost.decode_tokens) + " tokens";
+        out.push_back(std::move(m));
+      }
     }
   }
   return out;

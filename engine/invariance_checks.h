@@ -65,6 +65,11 @@ bool FirstDifference(const SequenceOutput& recorded, const SequenceOutput& recom
 Result<std::map<uint64_t, SequenceOutput>> RunToCompletion(
     Engine& e, const std::vector<SequenceRequest>& requests);
 
+// Each request alone, one after the other, in `e` (one engine for many solo runs: an engine is
+// costly to make on a large model). Requests with the same prompt would hit the prefix cache.
+Result<std::map<uint64_t, SequenceOutput>> RunOneByOne(
+    Engine& e, const std::vector<SequenceRequest>& requests);
+
 // `r` alone in a fresh engine of `variant`.
 Result<SequenceOutput> RunAlone(const EngineFactory& make, const EngineVariant& variant,
                                 const SequenceRequest& r);
@@ -98,17 +103,24 @@ Result<Mismatches> CheckBatchEqualsSolo(const EngineFactory& make,
                                         const EngineVariant& variant,
                                         const std::map<uint64_t, SequenceOutput>* solo = nullptr);
 
-// chunking: `r` prefilled whole (step budget and chunk = whole_budget) and in chunks of each of
-// `chunks` tokens: identical bits.
+// chunking: `r` prefilled whole (step budget and chunk = whole_budget; or `whole`, a run of r
+// already made with its prompt in one step) and in chunks of each of `chunks` tokens: identical
+// bits.
 Result<Mismatches> CheckPrefillChunking(const EngineFactory& make, const SequenceRequest& r,
                                         const std::vector<int32_t>& chunks,
-                                        int32_t whole_budget = 4096);
+                                        int32_t whole_budget = 4096,
+                                        const SequenceOutput* whole = nullptr);
 
 // prefill_vs_decode: `decoded` is r's trajectory; re-scoring it with its tokens forced, in steps
 // of each of `budgets` tokens, reproduces every id and logprob bit without decoding. kInternal
 // when `decoded` is empty.
 Result<Mismatches> CheckPrefillEqualsDecode(const EngineFactory& make, const SequenceRequest& r,
                                             const SequenceOutput& decoded,
+                                            const std::vector<int32_t>& budgets);
+// The same for several requests (`decoded` by id), re-scored one by one in one engine per budget.
+Result<Mismatches> CheckPrefillEqualsDecode(const EngineFactory& make,
+                                            const std::vector<SequenceRequest>& requests,
+                                            const std::map<uint64_t, SequenceOutput>& decoded,
                                             const std::vector<int32_t>& budgets);
 
 // variants: `requests` run together in one engine of each of `variants` equal `reference` (their

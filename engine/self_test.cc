@@ -176,12 +176,10 @@ Status RunInvarianceSelfTest(const Engine& served, const EngineOptions& options,
     return Status::Ok();
   };
 
-  // 1. batch. The solo runs are also the reference of the later checks.
+  // 1. batch. The solo runs (one after the other in one engine: making an engine packs the
+  // weights, the main cost on a large model) are also the reference of the later checks.
   std::map<uint64_t, SequenceOutput> solo;
   BR_RETURN_IF_ERROR(run("batch", [&]() -> Result<Mismatches> {
-    for (const SequenceRequest& r : reqs) {
-      BR_ASSIGN_OR_RETURN(solo[r.id], RunAlone(make, {}, r));
-    }
     // A mixed batch: two random others between them, a small step budget so that prefill
     // chunks share steps with decode rows.
     std::vector<SequenceRequest> mixed = reqs;
@@ -195,10 +193,12 @@ Status RunInvarianceSelfTest(const Engine& served, const EngineOptions& options,
                                  std::min<int32_t>(30, info.max_seq_len / 4),
                                  self_test.generate_tokens, sp, info.bos_id));
     }
+    BR_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make({}));
+    BR_ASSIGN_OR_RETURN(solo, RunOneByOne(*e, mixed));
     EngineVariant small;
     small.max_step_tokens = 16;
     BR_ASSIGN_OR_RETURN(Mismatches out, CheckBatchEqualsSolo(make, mixed, small, &solo));
-    // The same requests in reverse order under other ids: other positions in every step.
+    // The three in reverse order under other ids: other positions in every step.
     std::vector<SequenceRequest> reversed(reqs.rbegin(), reqs.rend());
     std::map<uint64_t, SequenceOutput> solo_by_new_id;
     for (SequenceRequest& r : reversed) {
@@ -210,43 +210,54 @@ Status RunInvarianceSelfTest(const Engine& served, const EngineOptions& options,
     return out;
   }));
 
-  // 2. chunking, on the longest prompt.
+  // 2. chunking, on the longest prompt. The solo run prefilled it whole when the served step
+  // budget and prefill chunk hold it.
+  const bool solo_was_whole = static_cast<int32_t>(reqs[2].prompt.size()) <=
+                              std::min(options.max_step_tokens, options.max_prefill_chunk);
   BR_RETURN_IF_ERROR(run("chunking", [&]() {
-    return CheckPrefillChunking(make, reqs[2], {1, 7});
+    return CheckPrefillChunking(make, reqs[2], {1, 7}, 4096,
+                                solo_was_whole ? &solo[reqs[2].id] : nullptr);
   }));
 
   // 3. prefill_vs_decode, greedy and sampled.
-  BR_RETURN_IF_ERROR(run("prefill_vs_decode", [&]() -> Result<Mismatches> {
-    Mismatches out;
-    for (const SequenceRequest& r : {reqs[0], reqs[1]}) {
-      BR_ASSIGN_OR_RETURN(Mismatches m, CheckPrefillEqualsDecode(make, r, solo[r.id], {4096, 5}));
-      out.insert(out.end(), m.begin(), m.end());
-    }
-    return out;
+  BR_RETURN_IF_ERROR(run("prefill_vs_decode", [&]() {
+    return CheckPrefillEqualsDecode(make, std::vector<SequenceRequest>{reqs[0], reqs[1]}, solo,
+                                    {4096, 5});
   }));
 
-  // 4. variants: every ISA here, both attention kernels (on 2 threads at least: with one
-  // worker "split" has no idle worker to split over; so against a 1-thread reference they also
-  // vary the thread count), and 1 thread against a multi-thread reference. On a shorter
-  // workload (the two shorter prompts, 8 tokens): the scalar path is slow on a large model, and
-  // a few positions across two attention chunks reach every kernel.
+  // 4. variants. Every ISA here on one short probe: the scalar path costs ~30x the SIMD ones
+  // and dominates on a large model, so it gets the fewest rows that still reach every kernel (a
+  // 5-token prefill, then decode rows up to position 16: a second attention chunk; sampled).
+  // Both attention kernels (on 2 threads at least: with one worker "split" has no idle worker
+  // to split over, so against a 1-thread reference they also vary the thread count), and 1
+  // thread against a multi-thread reference, on the two shorter requests, 8 tokens each.
   BR_RETURN_IF_ERROR(run("variants", [&]() -> Result<Mismatches> {
+    SequenceRequest probe = reqs[1];
+    probe.id = 10;
+    probe.prompt.resize(std::min<size_t>(probe.prompt.size(), 5));
+    probe.stop.max_tokens = 17 - static_cast<int32_t>(probe.prompt.size());
     std::vector<SequenceRequest> few = {reqs[0], reqs[1]};
     for (SequenceRequest& r : few) r.stop.max_tokens = std::min<int32_t>(r.stop.max_tokens, 8);
     BR_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make({}));
-    BR_ASSIGN_OR_RETURN(const auto reference, RunToCompletion(*e, few));
+    BR_ASSIGN_OR_RETURN(const auto probe_ref, RunToCompletion(*e, {probe}));
+    BR_ASSIGN_OR_RETURN(const auto few_ref, RunToCompletion(*e, few));
+    BR_ASSIGN_OR_RETURN(const kernels::Isa served_isa, kernels::ParseIsa(options.isa));
+    std::vector<EngineVariant> isas;  // the served one is the reference
+    for (const std::string& isa : report->isas) {
+      if (isa != kernels::IsaName(served_isa)) isas.emplace_back().isa = isa;
+    }
+    BR_ASSIGN_OR_RETURN(Mismatches out, CheckVariants(make, {probe}, probe_ref, isas));
     const int32_t split_threads = std::max<int32_t>(2, options.threads);
     std::vector<EngineVariant> variants;
-    for (const std::string& isa : report->isas) {
-      variants.emplace_back().isa = isa;
-    }
     for (const char* attention : {"single", "split"}) {
       EngineVariant& v = variants.emplace_back();
       v.threads = split_threads;
       v.attention = attention;
     }
     if (options.threads != 1) variants.emplace_back().threads = 1;
-    return CheckVariants(make, few, reference, variants);
+    BR_ASSIGN_OR_RETURN(Mismatches more, CheckVariants(make, few, few_ref, variants));
+    out.insert(out.end(), more.begin(), more.end());
+    return out;
   }));
 
   report->seconds = Since(t0);

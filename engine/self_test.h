@@ -12,9 +12,10 @@
 //   2. chunking: the longest prompt prefilled whole vs in chunks of 1 and 7 tokens;
 //   3. prefill_vs_decode: two generated trajectories re-scored with their tokens forced, whole
 //      and in 5-token steps: the recorded logprob bits, no decode step;
-//   4. variants: the two shorter requests (8 tokens) again on every ISA this CPU has (scalar,
-//      avx2, avx512), on the "single" and "split" attention kernels (2 threads at least) and,
-//      when more than one thread serves, on 1 thread.
+//   4. variants: a short sampled probe (a 5-token prompt, decoding to position 16) on every
+//      ISA this CPU has (scalar, avx2, avx512), and the two shorter requests (8 tokens) on the
+//      "single" and "split" attention kernels (2 threads at least) and, when more than one
+//      thread serves, on 1 thread.
 // Every check runs; the report lists each with its time, and every mismatch with the run, the
 // request, the first differing token and its recorded vs recomputed id and logprob bits.
 // On stories260K it takes well under a second (docs/benchmarks.md "Start-up self-test").

@@ -2,7 +2,8 @@
 // (rollout/self_test_gate.h): a healthy build serves after the self-test passed; with the
 // test-only switch BITROLL_TEST_BREAK_INVARIANCE=matmul (engine/invariance_break.h) `serve`
 // refuses to start (exit 1, the failed check on stderr), a remote `replica` does not join, and
-// `self-test` reports the batch check; --skip-self-test starts anyway and logs the warning.
+// `self-test` reports the batch check; --skip-self-test starts anyway and logs the warning. The
+// coordinator keeps the verdict it was started with (Coordinator::self_test()).
 //
 // Every command that might serve runs under timeout(1), so a gate that fails to refuse shows up
 // as exit 124 instead of a hung test.
@@ -12,6 +13,9 @@
 #include <vector>
 
 #include "rollout/cli_test_util.h"
+#include "rollout/coordinator.h"
+#include "rollout/null_engine.h"
+#include "rollout/self_test_gate.h"
 
 namespace bitroll::rollout {
 namespace {
@@ -88,6 +92,25 @@ TEST(SelfTestCli, TheSelfTestCommandPrintsTheReport) {
   EXPECT_EQ(bad.out.rfind("FAILED: batch: ", 0), 0u) << bad.out;
   EXPECT_TRUE(Has(bad.out, "MISMATCH")) << bad.out;
   EXPECT_TRUE(Has(bad.err, "invariance self-test failed")) << bad.err;
+}
+
+// The verdict a service keeps for Status and /health: the gate's, as the coordinator was given
+// it. An engine without weights (the NullEngine) is skipped, never failed.
+TEST(SelfTestVerdict, TheCoordinatorKeepsTheGatesVerdict) {
+  std::vector<std::unique_ptr<engine::Engine>> engines;
+  engines.push_back(std::make_unique<NullEngine>(NullEngineOptions{}));
+  CoordinatorOptions o;
+  o.bind = "tcp://127.0.0.1:*";
+  o.self_test = GateOnSelfTest("test", *engines[0], engine::EngineOptions{}, false);
+  EXPECT_EQ(o.self_test.state, engine::SelfTestVerdict::State::kSkipped);
+  EXPECT_TRUE(o.self_test.ok_to_serve());
+  EXPECT_NE(o.self_test.reason.find("no weights"), std::string::npos) << o.self_test.reason;
+  auto c = Coordinator::Start(o, std::move(engines));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ((*c)->self_test().state, engine::SelfTestVerdict::State::kSkipped);
+  EXPECT_EQ((*c)->self_test().reason, o.self_test.reason);
+  EXPECT_STREQ((*c)->self_test().state_name(), "skipped");
+  (*c)->Stop();
 }
 
 }  // namespace

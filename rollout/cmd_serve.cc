@@ -115,6 +115,9 @@ int CmdServe(int argc, char** argv) {
     return 1;
   }
   c.coordinator.metrics = c.coordinator.local_replica.metrics = metrics->get();
+  if (*metrics) {  // /health names the verdict (a failed one never gets here: serve refused)
+    (*metrics)->SetSelfTest(c.coordinator.self_test.ok_to_serve(), c.coordinator.self_test.reason);
+  }
   auto coord = Coordinator::Start(c.coordinator, std::move(engines));
   if (!coord.ok()) {
     std::fprintf(stderr, "bitroll serve: %s\n", coord.status().ToString().c_str());

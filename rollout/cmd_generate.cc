@@ -27,18 +27,11 @@
 #include "rollout/cli_args.h"
 #include "rollout/commands.h"
 #include "rollout/progress.h"
+#include "rollout/trajectory_record.h"
 
 namespace bitroll::rollout {
 
 namespace {
-
-std::string Hex32(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "%08" PRIx32, u);
-  return buf;
-}
 
 // A flag's double as the float the engine takes: out of float's range is infinite (then refused
 // by the validation) rather than the undefined behaviour of the cast.
@@ -226,6 +219,20 @@ Status LoadPrompts(const GenerateFlags& f, const engine::Tokenizer* tk,
   return Status::Ok();
 }
 
+// The engine request of sample j of prompt i.
+engine::SequenceRequest MakeRequest(const GenerateFlags& f, const engine::SamplingParams& sp,
+                                    const std::vector<Prompt>& prompts, size_t i, int j) {
+  engine::SequenceRequest r;
+  r.id = i * static_cast<uint64_t>(f.n) + j;
+  r.group_id = i;
+  r.prompt = prompts[i].ids;
+  r.sample_index = static_cast<uint32_t>(j);
+  r.sampling = sp;
+  const int fill = f.steps - static_cast<int>(r.prompt.size()) + 1;  // run.c: pos < steps
+  r.stop.max_tokens = f.max_tokens > 0 ? f.max_tokens : std::max(1, fill);
+  return r;
+}
+
 // Every prompt x sample goes into the engine at once; continuous batching does the rest. Returns
 // the finished sequences in id order; *generated counts the tokens; *t0: when the steps began.
 Result<std::vector<engine::SequenceOutput>> RunAll(engine::CpuEngine& e, const GenerateFlags& f,
@@ -236,14 +243,7 @@ Result<std::vector<engine::SequenceOutput>> RunAll(engine::CpuEngine& e, const G
   const int n = f.n;
   for (size_t i = 0; i < prompts.size(); ++i) {
     for (int j = 0; j < n; ++j) {
-      engine::SequenceRequest r;
-      r.id = i * static_cast<uint64_t>(n) + j;
-      r.group_id = i;
-      r.prompt = prompts[i].ids;
-      r.sample_index = static_cast<uint32_t>(j);
-      r.sampling = sp;
-      const int fill = f.steps - static_cast<int>(r.prompt.size()) + 1;  // run.c: pos < steps
-      r.stop.max_tokens = f.max_tokens > 0 ? f.max_tokens : std::max(1, fill);
+      engine::SequenceRequest r = MakeRequest(f, sp, prompts, i, j);
       if (Status s = e.Add(std::move(r)); !s.ok()) {
         return s.WithContext("prompt " + std::to_string(i));
       }
@@ -285,36 +285,49 @@ std::string RunCText(const engine::Tokenizer& tk, const engine::ModelInfo& info,
   return text;
 }
 
-// One trajectory as generate --json prints it.
-nlohmann::json TrajectoryJson(const engine::ModelInfo& info, const Prompt& p,
+// One trajectory as generate --json prints it: the audit record (rollout/trajectory_record.h,
+// docs/audit.md) plus the text and the cost.
+nlohmann::json TrajectoryJson(const engine::ModelInfo& info, const engine::SamplingParams& sp,
+                              const engine::SequenceRequest& req, const Prompt& p,
                               const engine::SequenceOutput& o, int n, bool have_text,
                               const std::string& text) {
-  nlohmann::json j;
-  j["prompt_index"] = o.id / n;
-  j["sample_index"] = o.id % n;
-  j["prompt_ids"] = p.ids;
-  j["ids"] = o.tokens;
-  j["logprobs"] = o.logprobs;
-  std::vector<std::string> bits;
-  for (float lp : o.logprobs) bits.push_back(Hex32(lp));
-  j["logprob_bits"] = bits;
-  j["finish"] = engine::FinishReasonName(o.finish);
+  TrajectoryRecord r;
+  r.bitroll_version = BitrollVersion();
+  r.source = "generate";
+  r.group_id = o.id / n;
+  r.prompt_index = static_cast<uint32_t>(o.id / n);
+  r.sample_index = static_cast<uint32_t>(o.id % n);
+  r.prompt_ids = p.ids;
+  r.ids = o.tokens;
+  r.mask.assign(o.tokens.size(), 1);
+  for (float lp : o.logprobs) r.logprob_bits.push_back(FloatBits(lp));
+  r.turn_begins = {0};
+  r.temperature = sp.temperature;
+  r.top_k = sp.top_k;
+  r.top_p = sp.top_p;
+  r.min_p = sp.min_p;
+  r.seed = sp.seed;
+  r.max_tokens = req.stop.max_tokens;
+  r.stop_ids = req.stop.stop_ids;
+  r.stop_at_eos = req.stop.stop_at_eos;
+  r.stop_at_bos = req.stop.stop_at_bos;
+  for (const auto& v : o.versions) r.weight_versions.push_back({v.begin, v.version});
+  r.weights_hash = info.fingerprint.weights_hash;
+  r.kernel_version = info.fingerprint.kernel_version;
+  r.attention_chunk = info.fingerprint.attention_chunk;
+  r.backend = info.fingerprint.backend;
+  r.finish = engine::FinishReasonName(o.finish);
+  nlohmann::json j = RecordToJson(r);
   if (have_text) j["text"] = text;
   j["cost"] = {{"prefill_tokens_computed", o.cost.prefill_tokens_computed},
                {"prefill_tokens_cached", o.cost.prefill_tokens_cached},
                {"decode_tokens", o.cost.decode_tokens},
                {"engine_seconds", o.cost.engine_seconds}};
-  char hash[24];
-  std::snprintf(hash, sizeof(hash), "%016" PRIx64, info.fingerprint.weights_hash);
-  j["fingerprint"] = {{"weights_hash", hash},
-                      {"kernel_version", info.fingerprint.kernel_version},
-                      {"attention_chunk", info.fingerprint.attention_chunk},
-                      {"backend", info.fingerprint.backend}};
   return j;
 }
 
 void PrintTrajectories(const engine::CpuEngine& e, const GenerateFlags& f,
-                       const std::vector<Prompt>& prompts,
+                       const engine::SamplingParams& sp, const std::vector<Prompt>& prompts,
                        const std::vector<engine::SequenceOutput>& done) {
   const engine::Tokenizer* tk = e.tokenizer();
   const int n = f.n;
@@ -322,7 +335,8 @@ void PrintTrajectories(const engine::CpuEngine& e, const GenerateFlags& f,
     const Prompt& p = prompts[o.id / n];
     const std::string text = tk != nullptr ? RunCText(*tk, e.info(), p, o) : std::string();
     if (f.json) {
-      std::cout << TrajectoryJson(e.info(), p, o, n, tk != nullptr, text)
+      const engine::SequenceRequest req = MakeRequest(f, sp, prompts, o.id / n, o.id % n);
+      std::cout << TrajectoryJson(e.info(), sp, req, p, o, n, tk != nullptr, text)
                        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                 << "\n";
     } else {
@@ -373,7 +387,7 @@ int CmdGenerate(int argc, char** argv) {
   Result<std::vector<engine::SequenceOutput>> done = RunAll(e, f, sp, prompts, &generated, &t0);
   if (!done.ok()) return Fail(done.status());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  PrintTrajectories(e, f, prompts, *done);
+  PrintTrajectories(e, f, sp, prompts, *done);
   const double load_s = std::chrono::duration<double>(t0 - t_load).count();
   std::fprintf(stderr,
                "bitroll generate: %zu trajectories, %" PRId64

@@ -16,6 +16,9 @@ int CmdUpdateWeights(int argc, char** argv);
 int CmdSelfTest(int argc, char** argv);
 // bitroll generate ... (rollout/cmd_generate.cc, when built)
 int CmdGenerate(int argc, char** argv);
+// bitroll audit FILE.jsonl|--data-dir DIR --model M [--mode rescore|rerun] [--json];
+// bitroll audit export --data-dir DIR (rollout/cmd_audit.cc)
+int CmdAudit(int argc, char** argv);
 // bitroll make-model ... (rollout/cmd_make_model.cc, when built)
 int CmdMakeModel(int argc, char** argv);
 

@@ -43,6 +43,9 @@ void PrintHelp(FILE* out) {
       "              --model PATH [--device cpu|cuda] [--threads N] [--isa I]\n"
       "  generate    generate from a prompt locally (no service)\n"
       "  make-model  write a small random model for tests\n"
+      "  audit       re-score or re-run recorded trajectories, compare bits (docs/audit.md)\n"
+      "              FILE.jsonl|--data-dir DIR --model PATH [--mode rescore|rerun] [--json];\n"
+      "              audit export --data-dir DIR prints a data directory's records\n"
       "  --help      this text\n"
       "\n"
       "bitroll <command> --help lists a command's flags. docs/protocol.md describes the wire\n"
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
   if (!std::strcmp(cmd, "serve")) return CmdServe(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "replica")) return CmdReplica(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "cost")) return CmdCost(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "audit")) return CmdAudit(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "update-weights")) return CmdUpdateWeights(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "self-test")) return CmdSelfTest(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "generate")) {

@@ -1,0 +1,303 @@
+// The reproducibility audit (rollout/audit.h): records in, one batched engine run, verdicts out.
+#include "rollout/audit.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+
+namespace bitroll::rollout {
+
+const char* VerdictName(VerdictKind k) {
+  switch (k) {
+    case VerdictKind::kIdentical:
+      return "identical";
+    case VerdictKind::kDiverged:
+      return "diverged";
+    case VerdictKind::kFingerprintMismatch:
+      return "fingerprint_mismatch";
+    case VerdictKind::kWeightsUnavailable:
+      return "weights_unavailable";
+    case VerdictKind::kIncomplete:
+      return "incomplete";
+    case VerdictKind::kError:
+      return "error";
+  }
+  return "error";
+}
+
+uint64_t UlpDistance(uint32_t a, uint32_t b) {
+  // Map the sign-magnitude bit patterns onto one ordered integer line.
+  auto key = [](uint32_t u) -> int64_t {
+    return (u >> 31) ? -static_cast<int64_t>(u & 0x7fffffffu) : static_cast<int64_t>(u);
+  };
+  const int64_t d = key(a) - key(b);
+  return static_cast<uint64_t>(d < 0 ? -d : d);
+}
+
+int AuditExitStatus(const std::vector<AuditVerdict>& verdicts) {
+  bool diverged = false, other = false;
+  for (const AuditVerdict& v : verdicts) {
+    diverged |= v.kind == VerdictKind::kDiverged;
+    other |= v.kind != VerdictKind::kDiverged && v.kind != VerdictKind::kIdentical;
+  }
+  return diverged ? 1 : other ? 2 : 0;
+}
+
+nlohmann::json VerdictToJson(const AuditVerdict& v) {
+  nlohmann::json j = {{"index", v.index},
+                      {"group_id", v.group_id},
+                      {"prompt_index", v.prompt_index},
+                      {"sample_index", v.sample_index},
+                      {"verdict", VerdictName(v.kind)},
+                      {"tokens_checked", v.tokens_checked}};
+  if (!v.detail.empty()) j["detail"] = v.detail;
+  if (v.divergence) {
+    const Divergence& d = *v.divergence;
+    j["divergence"] = {{"token", d.token},
+                       {"turn", d.turn},
+                       {"position", d.position},
+                       {"recorded_id", d.recorded_id},
+                       {"recomputed_id", d.recomputed_id},
+                       {"recorded_logprob", BitsFloat(d.recorded_bits)},
+                       {"recomputed_logprob", BitsFloat(d.recomputed_bits)},
+                       {"recorded_bits", Hex32(d.recorded_bits)},
+                       {"recomputed_bits", Hex32(d.recomputed_bits)},
+                       {"ulps", d.ulps}};
+  }
+  return j;
+}
+
+namespace {
+
+// One engine sequence of the audit: a whole trajectory (re-score) or one model turn (re-run).
+struct Job {
+  size_t item = 0;
+  int32_t begin = 0;  // first token of the record's ids this sequence covers
+  int32_t count = 0;  // tokens it covers
+};
+
+// Why the record cannot be audited on this engine, or OK.
+AuditVerdict Precheck(const AuditItem& it, size_t index, const engine::ModelInfo& info) {
+  AuditVerdict v;
+  v.index = index;
+  const TrajectoryRecord& r = it.record;
+  v.group_id = r.group_id;
+  v.prompt_index = r.prompt_index;
+  v.sample_index = r.sample_index;
+  if (!it.parse_error.ok()) {
+    v.kind = it.parse_error.code() == ErrorCode::kInvalidArgument ||
+                     it.parse_error.code() == ErrorCode::kUnsupported
+                 ? VerdictKind::kIncomplete
+                 : VerdictKind::kError;
+    v.detail = "cannot audit: " + it.parse_error.message();
+    return v;
+  }
+  const engine::NumericsFingerprint& fp = info.fingerprint;
+  if (r.weights_hash != fp.weights_hash) {
+    v.kind = VerdictKind::kWeightsUnavailable;
+    v.detail = "weights unavailable: the record was made with weights " + Hex64(r.weights_hash) +
+               ", the model given has " + Hex64(fp.weights_hash);
+    return v;
+  }
+  std::set<uint64_t> versions;
+  for (const RecordVersionSpan& s : r.weight_versions) versions.insert(s.version);
+  if (versions.size() > 1) {
+    v.kind = VerdictKind::kWeightsUnavailable;
+    v.detail = "weights unavailable: the tokens span " + std::to_string(versions.size()) +
+               " weight versions; an audit takes one model file (one version)";
+    return v;
+  }
+  if (r.kernel_version != fp.kernel_version || r.attention_chunk != fp.attention_chunk ||
+      r.backend != fp.backend) {
+    v.kind = VerdictKind::kFingerprintMismatch;
+    v.detail = "fingerprint mismatch: record (kernel " + std::to_string(r.kernel_version) +
+               ", chunk " + std::to_string(r.attention_chunk) + ", backend " + r.backend +
+               ") vs this engine (kernel " + std::to_string(fp.kernel_version) + ", chunk " +
+               std::to_string(fp.attention_chunk) + ", backend " + fp.backend +
+               "): bits are promised equal only within one fingerprint";
+    return v;
+  }
+  return v;
+}
+
+// The record's prompt as ids (prompt_text encoded with BOS, as a replica does).
+Result<std::vector<int32_t>> PromptIds(const TrajectoryRecord& r, const engine::Engine& e) {
+  if (!r.prompt_ids.empty()) return r.prompt_ids;
+  if (e.tokenizer() == nullptr) {
+    return Status::Unavailable("the prompt is text and the model has no tokenizer");
+  }
+  return e.tokenizer()->Encode(r.prompt_text, /*add_bos=*/true);
+}
+
+int32_t TurnOf(const TrajectoryRecord& r, int32_t token) {
+  int32_t turn = 0;
+  for (int32_t b : r.turn_begins) turn += b <= token ? 1 : 0;
+  return std::max(turn, 1);
+}
+
+engine::SequenceRequest BaseRequest(const TrajectoryRecord& r, uint64_t id, uint64_t group) {
+  engine::SequenceRequest q;
+  q.id = id;
+  q.group_id = group;
+  q.sample_index = r.sample_index;
+  q.sampling.temperature = r.temperature;
+  q.sampling.top_k = r.top_k;
+  q.sampling.top_p = r.top_p;
+  q.sampling.min_p = r.min_p;
+  q.sampling.seed = r.seed;
+  return q;
+}
+
+// The sampled runs of a record: [begin, end) of consecutive mask-1 tokens.
+std::vector<std::pair<int32_t, int32_t>> SampledRuns(const TrajectoryRecord& r) {
+  std::vector<std::pair<int32_t, int32_t>> runs;
+  const auto n = static_cast<int32_t>(r.ids.size());
+  for (int32_t i = 0; i < n;) {
+    if (r.mask[i] == 0) {
+      ++i;
+      continue;
+    }
+    int32_t j = i;
+    while (j < n && r.mask[j] != 0) ++j;
+    runs.emplace_back(i, j);
+    i = j;
+  }
+  return runs;
+}
+
+}  // namespace
+
+Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
+                                               const std::vector<AuditItem>& items, AuditMode mode,
+                                               AuditStats* stats,
+                                               const std::function<void(int64_t)>& progress) {
+  const engine::ModelInfo& info = e.info();
+  std::vector<AuditVerdict> verdicts(items.size());
+  std::vector<std::vector<int32_t>> prompts(items.size());
+  std::vector<Job> jobs;
+  std::vector<int> pending(items.size(), 0);
+  for (size_t i = 0; i < items.size(); ++i) {
+    verdicts[i] = Precheck(items[i], i, info);
+    if (verdicts[i].kind != VerdictKind::kIdentical) continue;
+    const TrajectoryRecord& r = items[i].record;
+    Result<std::vector<int32_t>> p = PromptIds(r, e);
+    if (!p.ok()) {
+      verdicts[i].kind = VerdictKind::kError;
+      verdicts[i].detail = "cannot audit: " + p.status().ToString();
+      continue;
+    }
+    prompts[i] = std::move(p).value();
+    for (uint8_t m : r.mask) verdicts[i].tokens_checked += m;
+    if (mode == AuditMode::kRescore) {
+      if (!r.ids.empty()) jobs.push_back({i, 0, static_cast<int32_t>(r.ids.size())});
+    } else {
+      for (const auto& [b, end] : SampledRuns(r)) jobs.push_back({i, b, end - b});
+    }
+  }
+  // Queue every job; a refused one makes its record's verdict kError.
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    const Job& j = jobs[k];
+    AuditVerdict& v = verdicts[j.item];
+    if (v.kind != VerdictKind::kIdentical) continue;
+    const TrajectoryRecord& r = items[j.item].record;
+    engine::SequenceRequest q = BaseRequest(r, k, j.item);
+    q.prompt = prompts[j.item];
+    if (mode == AuditMode::kRescore) {
+      q.forced = r.ids;
+      q.stop.max_tokens = j.count;
+      q.stop.stop_at_eos = false;
+      q.stop.stop_at_bos = false;
+    } else {
+      q.prompt.insert(q.prompt.end(), r.ids.begin(), r.ids.begin() + j.begin);
+      q.stop.max_tokens = j.count;
+      q.stop.stop_ids = r.stop_ids;
+      q.stop.stop_at_eos = r.stop_at_eos;
+      q.stop.stop_at_bos = r.stop_at_bos;
+    }
+    if (Status s = e.Add(std::move(q)); !s.ok()) {
+      v.kind = VerdictKind::kError;
+      v.detail = "cannot audit: the engine refused the trajectory: " + s.ToString();
+      continue;
+    }
+    ++pending[j.item];
+  }
+  int64_t done = 0;
+  for (size_t i = 0; i < items.size(); ++i) done += pending[i] == 0 ? 1 : 0;
+  if (progress) progress(done);
+  // Earliest divergence per record (re-run turns finish in any order).
+  std::map<size_t, Divergence> first;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (e.HasWork()) {
+    Result<engine::StepResult> step = e.Step();
+    if (!step.ok()) return step.status();
+    if (stats) stats->tokens_processed += step->tokens_processed;
+    for (const engine::SequenceOutput& o : step->finished) {
+      const Job& j = jobs[o.id];
+      const TrajectoryRecord& r = items[j.item].record;
+      AuditVerdict& v = verdicts[j.item];
+      if (o.finish == engine::FinishReason::kError || o.finish == engine::FinishReason::kAborted) {
+        v.kind = VerdictKind::kError;
+        v.detail = "cannot audit: the engine failed the trajectory: " + o.error.ToString();
+      } else {
+        for (int32_t k = 0; k < j.count; ++k) {
+          const int32_t t = j.begin + k;
+          if (r.mask[t] == 0) continue;  // injected: forced, not compared
+          const bool have = k < static_cast<int32_t>(o.logprobs.size());
+          const uint32_t got = have ? FloatBits(o.logprobs[k]) : 0;
+          const int32_t got_id =
+              have && k < static_cast<int32_t>(o.tokens.size()) ? o.tokens[k] : -1;
+          const bool same = have && got_id == r.ids[t] &&
+                            std::memcmp(&got, &r.logprob_bits[t], sizeof(uint32_t)) == 0;
+          if (same) continue;
+          auto it = first.find(j.item);
+          if (it == first.end() || it->second.token > t) {
+            Divergence d;
+            d.token = t;
+            d.turn = TurnOf(r, t);
+            d.position = static_cast<int32_t>(prompts[j.item].size()) + t;
+            d.recorded_id = r.ids[t];
+            d.recomputed_id = got_id;
+            d.recorded_bits = r.logprob_bits[t];
+            d.recomputed_bits = got;
+            d.ulps = have ? UlpDistance(r.logprob_bits[t], got) : 0;
+            first[j.item] = d;
+          }
+          break;
+        }
+      }
+      if (--pending[j.item] == 0) ++done;
+    }
+    if (progress) progress(done);
+  }
+  if (stats) {
+    stats->engine_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  for (auto& [item, d] : first) {
+    AuditVerdict& v = verdicts[item];
+    if (v.kind != VerdictKind::kIdentical) continue;
+    v.kind = VerdictKind::kDiverged;
+    v.divergence = d;
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "diverged at token %d (turn %d, position %d): recorded id %d logprob %.9g "
+                  "(%08x), recomputed id %d logprob %.9g (%08x), %llu ULPs",
+                  d.token, d.turn, d.position, d.recorded_id, BitsFloat(d.recorded_bits),
+                  d.recorded_bits, d.recomputed_id, BitsFloat(d.recomputed_bits), d.recomputed_bits,
+                  static_cast<unsigned long long>(d.ulps));
+    v.detail = buf;
+  }
+  for (const AuditVerdict& v : verdicts) {
+    if (stats && (v.kind == VerdictKind::kIdentical || v.kind == VerdictKind::kDiverged)) {
+      stats->tokens_checked += v.tokens_checked;
+    }
+  }
+  return verdicts;
+}
+
+}  // namespace bitroll::rollout

@@ -1,0 +1,275 @@
+// bitroll audit: reproducibility audits of recorded trajectories (docs/audit.md).
+//
+//   bitroll audit export --data-dir DIR > records.jsonl
+//   bitroll audit FILE.jsonl --model M [--mode rescore|rerun] [--json]
+//   bitroll audit --data-dir DIR --model M [--mode rescore|rerun] [--json]
+//
+// Exit status: 0 every trajectory identical, 1 a divergence, 2 something could not be audited
+// (or a usage error).
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "rollout/audit.h"
+#include "rollout/cli_args.h"
+#include "rollout/commands.h"
+#include "rollout/progress.h"
+#include "rollout/trajectory_record.h"
+#include "wal/wal.h"
+
+namespace bitroll::rollout {
+
+namespace {
+
+// Every trajectory the WAL in `dir` holds (unfinished, finished, acknowledged but retained), in id
+// order; a trajectory that does not convert becomes an item with its error. The WAL is opened
+// without committing anything: nothing in the directory changes.
+Result<std::vector<AuditItem>> ReadWalItems(const std::string& dir) {
+  wal::WalOptions o;
+  o.dir = dir;
+  o.durability = wal::Durability::kNone;
+  o.background_commit = false;
+  o.ack_retention_ms = std::numeric_limits<int64_t>::max() / 4;  // keep acknowledged ones
+  Result<std::unique_ptr<wal::Wal>> w = wal::Wal::Open(o);
+  if (!w.ok()) return w.status().WithContext("data directory " + dir);
+  Result<wal::RecoveryResult> rec = (*w)->Recover();
+  if (!rec.ok()) return rec.status().WithContext("data directory " + dir);
+  std::vector<std::pair<uint64_t, AuditItem>> all;
+  auto add = [&](const wal::TrajectoryLog& log) {
+    AuditItem it;
+    Result<TrajectoryRecord> r = RecordFromWal(log);
+    if (r.ok()) {
+      it.record = std::move(r).value();
+    } else {
+      it.parse_error = r.status();
+    }
+    all.emplace_back(log.id, std::move(it));
+  };
+  for (const wal::TrajectoryLog& l : rec->unfinished) add(l);
+  for (const wal::TrajectoryLog& l : rec->finished) add(l);
+  for (uint64_t id : rec->retained) {
+    Result<wal::TrajectoryLog> l = (*w)->ReadTrajectory(id);
+    if (l.ok()) {
+      add(*l);
+    } else {
+      AuditItem it;
+      it.parse_error = l.status();
+      all.emplace_back(id, std::move(it));
+    }
+  }
+  for (const wal::QuarantinedTrajectory& q : rec->quarantined) {
+    AuditItem it;
+    it.parse_error = q.error;
+    all.emplace_back(q.id, std::move(it));
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<AuditItem> out;
+  out.reserve(all.size());
+  for (auto& [id, it] : all) out.push_back(std::move(it));
+  return out;
+}
+
+// One item per non-blank line of a JSON Lines file.
+Result<std::vector<AuditItem>> ReadFileItems(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return Status::NotFound("records file " + path + " cannot be opened");
+  std::vector<AuditItem> out;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    AuditItem it;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      it.parse_error =
+          Status::InvalidArgument("bad record: line " + std::to_string(lineno) + " is not JSON");
+    } else {
+      Result<TrajectoryRecord> r = RecordFromJson(j);
+      if (r.ok()) {
+        it.record = std::move(r).value();
+      } else {
+        it.parse_error = r.status();
+      }
+    }
+    out.push_back(std::move(it));
+  }
+  return out;
+}
+
+int CmdAuditExport(int argc, char** argv) {
+  std::string dir;
+  CliParser p("audit export",
+              "bitroll audit export: print every trajectory logged in a service data directory "
+              "(finished or not) as audit records, one JSON object per line (docs/audit.md).");
+  p.String("--data-dir", &dir,
+           "the service's data directory (its WAL); the service must be stopped", "DIR");
+  if (Status s = p.Parse(argc, argv); !s.ok()) return UsageError("audit export", s);
+  if (p.help()) return PrintHelp(p);
+  if (dir.empty()) {
+    return UsageError("audit export", Status::InvalidArgument("--data-dir DIR is required"));
+  }
+  Result<std::vector<AuditItem>> items = ReadWalItems(dir);
+  if (!items.ok()) {
+    std::fprintf(stderr, "bitroll audit export: %s\n", items.status().ToString().c_str());
+    return 2;
+  }
+  int bad = 0;
+  for (const AuditItem& it : *items) {
+    if (!it.parse_error.ok()) {
+      std::fprintf(stderr, "bitroll audit export: skipped a trajectory: %s\n",
+                   it.parse_error.ToString().c_str());
+      ++bad;
+      continue;
+    }
+    std::cout << RecordToJson(it.record).dump(-1, ' ', false,
+                                              nlohmann::json::error_handler_t::replace)
+              << "\n";
+  }
+  std::cout.flush();
+  std::fprintf(stderr, "bitroll audit export: %zu records from %s%s\n", items->size() - bad,
+               dir.c_str(), bad ? " (some skipped)" : "");
+  return bad ? 2 : 0;
+}
+
+struct AuditFlags {
+  engine::EngineOptions eo;
+  std::string file, data_dir, mode = "rescore";
+  bool json = false;
+  int64_t kv_cache_mb = 0;
+};
+
+void PrintTable(const std::vector<AuditVerdict>& verdicts) {
+  std::printf("%6s %10s %6s %6s %7s  %-20s %s\n", "#", "group", "prompt", "sample", "tokens",
+              "verdict", "detail");
+  for (const AuditVerdict& v : verdicts) {
+    std::printf("%6zu %10" PRIu64 " %6u %6u %7" PRId64 "  %-20s %s\n", v.index, v.group_id,
+                v.prompt_index, v.sample_index, v.tokens_checked, VerdictName(v.kind),
+                v.detail.c_str());
+  }
+}
+
+}  // namespace
+
+int CmdAudit(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "export") return CmdAuditExport(argc - 1, argv + 1);
+  AuditFlags f;
+  if (const char* env_model = std::getenv("BITROLL_MODEL"); env_model != nullptr) {
+    f.eo.model_path = env_model;
+  }
+  CliParser p("audit",
+              "bitroll audit: recompute recorded trajectories and compare their ids and fp32 "
+              "logprob bits token by token (docs/audit.md). `bitroll audit export --data-dir DIR` "
+              "prints the records of a service data directory.");
+  p.Positional("FILE", &f.file, "audit records, one JSON object per line (generate --json)");
+  p.String("--data-dir", &f.data_dir,
+           "audit every trajectory logged in this (stopped) service's "
+           "data directory instead of a file",
+           "DIR");
+  p.String("--model", &f.eo.model_path,
+           "the weights the records claim (env BITROLL_MODEL is the default)", "PATH");
+  p.String("--tokenizer", &f.eo.tokenizer_path, "for records whose prompt is text", "PATH");
+  p.String("--mode", &f.mode,
+           "rescore (default: one teacher-forced prefill per trajectory) or rerun (regenerate "
+           "from the recorded seed and sample index)",
+           "MODE");
+  p.Flag("--json", &f.json, "one JSON object (verdicts and summary) on stdout");
+  p.Group("Engine (none of these changes a bit)");
+  p.String("--device", &f.eo.device, "cpu|cuda (default cpu)", "NAME");
+  p.Integer("--threads", &f.eo.threads, "kernel threads (default 1)");
+  p.String("--isa", &f.eo.isa, "auto|scalar|avx2|avx512 (default auto)", "NAME");
+  p.String("--attention", &f.eo.attention, "auto|single|split (default auto)", "NAME");
+  p.Integer("--max-step-tokens", &f.eo.max_step_tokens,
+            "token budget of one engine step (default 512)");
+  p.Integer("--kv-cache-mb", &f.kv_cache_mb, "KV cache budget in MiB (default 0: automatic)");
+  p.Footer(
+      "Exit status: 0 every trajectory identical, 1 a divergence, 2 something could not be "
+      "audited.");
+  Status s = p.Parse(argc, argv);
+  if (s.ok() && p.help()) return PrintHelp(p);
+  if (s.ok() && f.file.empty() == f.data_dir.empty()) {
+    s = Status::InvalidArgument("give either FILE.jsonl or --data-dir DIR");
+  }
+  if (s.ok() && f.eo.model_path.empty()) {
+    s = Status::InvalidArgument("--model is required (or set BITROLL_MODEL)");
+  }
+  if (s.ok() && f.mode != "rescore" && f.mode != "rerun") {
+    s = Status::InvalidArgument("--mode must be rescore or rerun, got '" + f.mode + "'");
+  }
+  if (s.ok() && (f.kv_cache_mb < 0 || f.kv_cache_mb > (int64_t{1} << 40))) {
+    s = Status::InvalidArgument("--kv-cache-mb must be in [0, 2^40]");
+  }
+  if (!s.ok()) return UsageError("audit", s);
+  f.eo.kv_cache_bytes = f.kv_cache_mb * (int64_t{1} << 20);
+  const AuditMode mode = f.mode == "rerun" ? AuditMode::kRerun : AuditMode::kRescore;
+
+  Result<std::vector<AuditItem>> items =
+      f.file.empty() ? ReadWalItems(f.data_dir) : ReadFileItems(f.file);
+  if (!items.ok()) {
+    std::fprintf(stderr, "bitroll audit: %s\n", items.status().ToString().c_str());
+    return 2;
+  }
+  Result<std::unique_ptr<engine::Engine>> e = engine::OpenEngine(f.eo);
+  if (!e.ok()) {
+    std::fprintf(stderr, "bitroll audit: %s\n", e.status().ToString().c_str());
+    return 2;
+  }
+  AuditStats stats;
+  std::optional<ProgressLine> progress;
+  progress.emplace("bitroll audit", static_cast<int64_t>(items->size()),
+                   ProgressUnit{"trajectories", 1});
+  Result<std::vector<AuditVerdict>> verdicts =
+      AuditRecords(**e, *items, mode, &stats, [&](int64_t done) { progress->Update(done); });
+  progress->Finish();
+  if (!verdicts.ok()) {
+    std::fprintf(stderr, "bitroll audit: %s\n", verdicts.status().ToString().c_str());
+    return 2;
+  }
+  int counts[6] = {0, 0, 0, 0, 0, 0};
+  for (const AuditVerdict& v : *verdicts) ++counts[static_cast<int>(v.kind)];
+  const int rc = AuditExitStatus(*verdicts);
+  const double tps = stats.engine_seconds > 0 ? stats.tokens_checked / stats.engine_seconds : 0;
+  const std::string hash = Hex64((*e)->info().fingerprint.weights_hash);
+  if (f.json) {
+    nlohmann::json j;
+    j["mode"] = f.mode;
+    j["model_weights_hash"] = hash;
+    j["verdicts"] = nlohmann::json::array();
+    for (const AuditVerdict& v : *verdicts) j["verdicts"].push_back(VerdictToJson(v));
+    nlohmann::json c;
+    for (int k = 0; k < 6; ++k) c[VerdictName(static_cast<VerdictKind>(k))] = counts[k];
+    j["counts"] = c;
+    j["trajectories"] = verdicts->size();
+    j["tokens_checked"] = stats.tokens_checked;
+    j["engine_seconds"] = stats.engine_seconds;
+    j["tokens_per_second"] = tps;
+    j["exit_status"] = rc;
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    PrintTable(*verdicts);
+    std::printf(
+        "bitroll audit (%s, weights %s): %zu trajectories: %d identical, %d diverged, %d "
+        "fingerprint mismatch, %d weights unavailable, %d incomplete, %d errors\n",
+        f.mode.c_str(), hash.c_str(), verdicts->size(), counts[0], counts[1], counts[2], counts[3],
+        counts[4], counts[5]);
+  }
+  std::cout.flush();
+  std::fprintf(stderr,
+               "bitroll audit: %s: %" PRId64
+               " tokens checked in %.3f s of engine time: %.1f "
+               "tok/s (threads %d, isa %s)\n",
+               f.mode.c_str(), stats.tokens_checked, stats.engine_seconds, tps, f.eo.threads,
+               f.eo.isa.c_str());
+  return rc;
+}
+
+}  // namespace bitroll::rollout

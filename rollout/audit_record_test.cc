@@ -1,0 +1,121 @@
+// The audit record and the audit's pure helpers (rollout/trajectory_record.h, rollout/audit.h):
+// JSON round trip keeps every bit (NaN payloads and -0 included), a record lacking any required
+// field is refused with "missing FIELD" and never throws, ULP distances, the exit status rule.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rollout/audit.h"
+#include "rollout/trajectory_record.h"
+
+namespace bitroll::rollout {
+namespace {
+
+TrajectoryRecord Sample() {
+  TrajectoryRecord r;
+  r.bitroll_version = BitrollVersion();
+  r.source = "generate";
+  r.group_id = 0xfedcba9876543210ull;
+  r.prompt_index = 2;
+  r.sample_index = 5;
+  r.prompt_ids = {1, 403, 407};
+  r.ids = {10, 11, 12, 13, 14};
+  r.mask = {1, 1, 0, 0, 1};
+  r.logprob_bits = {0xbf800000u, 0x80000000u, 0, 0, 0x7fc00001u};  // -1, -0, NaN with payload
+  r.turn_begins = {0, 2};
+  r.tool_calls.push_back({0, 2, "echo", "hi", true, 0, "hi\n", "", ""});
+  r.temperature = 0.7f;
+  r.top_k = 40;
+  r.top_p = 0.95f;
+  r.min_p = 0.05f;
+  r.seed = std::numeric_limits<uint64_t>::max();
+  r.max_tokens = 64;
+  r.stop_ids = {7};
+  r.weight_versions = {{0, 3}};
+  r.weights_hash = 0xc2378c25745e78b5ull;
+  r.kernel_version = 1;
+  r.attention_chunk = 16;
+  r.backend = "cpu";
+  r.finish = "length";
+  return r;
+}
+
+TEST(AuditRecordTest, JsonRoundTripKeepsEveryBit) {
+  const TrajectoryRecord a = Sample();
+  const std::string text = RecordToJson(a).dump();
+  Result<TrajectoryRecord> b = RecordFromJson(nlohmann::json::parse(text));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_EQ(b->logprob_bits.size(), a.logprob_bits.size());
+  EXPECT_EQ(0, std::memcmp(b->logprob_bits.data(), a.logprob_bits.data(),
+                           a.logprob_bits.size() * sizeof(uint32_t)));
+  EXPECT_EQ(b->ids, a.ids);
+  EXPECT_EQ(b->mask, a.mask);
+  EXPECT_EQ(b->seed, a.seed);
+  EXPECT_EQ(b->group_id, a.group_id);
+  EXPECT_EQ(b->weights_hash, a.weights_hash);
+  EXPECT_EQ(FloatBits(b->temperature), FloatBits(a.temperature));
+  EXPECT_EQ(FloatBits(b->top_p), FloatBits(a.top_p));
+  EXPECT_EQ(FloatBits(b->min_p), FloatBits(a.min_p));
+  EXPECT_EQ(b->turn_begins, a.turn_begins);
+  ASSERT_EQ(b->tool_calls.size(), 1u);
+  EXPECT_EQ(b->tool_calls[0].stdout_data, "hi\n");
+  // Negative control: one flipped bit in the text is one flipped bit in the record.
+  nlohmann::json j = RecordToJson(a);
+  j["logprob_bits"][0] = "bf800001";
+  Result<TrajectoryRecord> c = RecordFromJson(j);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(0, std::memcmp(c->logprob_bits.data(), a.logprob_bits.data(),
+                           a.logprob_bits.size() * sizeof(uint32_t)));
+}
+
+TEST(AuditRecordTest, MissingFieldsAreNamedNeverThrown) {
+  for (const char* field : {"record_version", "sample_index", "prompt_ids", "ids", "mask",
+                            "logprob_bits", "sampling", "seed", "weight_versions", "fingerprint"}) {
+    nlohmann::json j = RecordToJson(Sample());
+    j.erase(field);
+    Result<TrajectoryRecord> r = RecordFromJson(j);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_EQ(r.status().message(), std::string("missing ") + field);
+  }
+  nlohmann::json j = RecordToJson(Sample());
+  j["sampling"].erase("top_p");
+  EXPECT_EQ(RecordFromJson(j).status().message(), "missing sampling.top_p");
+  j = RecordToJson(Sample());
+  j["mask"].push_back(1);
+  EXPECT_FALSE(RecordFromJson(j).ok());  // lengths differ
+  j = RecordToJson(Sample());
+  j["logprob_bits"][1] = -3;
+  EXPECT_FALSE(RecordFromJson(j).ok());
+  j = RecordToJson(Sample());
+  j["seed"] = "-1";
+  EXPECT_FALSE(RecordFromJson(j).ok());
+  j = RecordToJson(Sample());
+  j["record_version"] = 2;
+  EXPECT_EQ(RecordFromJson(j).status().code(), ErrorCode::kUnsupported);
+  EXPECT_FALSE(RecordFromJson(nlohmann::json::array()).ok());
+}
+
+TEST(AuditRecordTest, UlpDistance) {
+  EXPECT_EQ(UlpDistance(0x3f800000u, 0x3f800000u), 0u);
+  EXPECT_EQ(UlpDistance(0x3f800000u, 0x3f800001u), 1u);
+  EXPECT_EQ(UlpDistance(0xbf800000u, 0xbf800001u), 1u);
+  EXPECT_EQ(UlpDistance(0x00000000u, 0x80000000u), 0u);  // +0 and -0
+  EXPECT_EQ(UlpDistance(0x00000001u, 0x80000001u), 2u);  // across zero
+}
+
+TEST(AuditRecordTest, ExitStatus) {
+  std::vector<AuditVerdict> v(3);
+  EXPECT_EQ(AuditExitStatus(v), 0);
+  v[1].kind = VerdictKind::kIncomplete;
+  EXPECT_EQ(AuditExitStatus(v), 2);
+  v[2].kind = VerdictKind::kDiverged;
+  EXPECT_EQ(AuditExitStatus(v), 1);
+}
+
+}  // namespace
+}  // namespace bitroll::rollout

@@ -62,7 +62,7 @@ printf '"Lily wanted a dog"\n' > "$tmp/one.jsonl"
   | /usr/bin/env python3 -c 'import json,sys; [print(json.dumps([j["ids"], j["logprob_bits"]])) for j in map(json.loads, sys.stdin) if j["prompt_index"] == 0]' > "$tmp/a"
 "$bitroll" generate --model "$model" "${targs[@]}" --prompts "$tmp/many.jsonl" -n 4 \
   --temperature 0.8 --top-p 0.9 --seed 7 --max-tokens 60 --threads "$(nproc)" --max-step-tokens 37 --json 2>/dev/null \
-  | /usr/bin/env python3 -c 'import json,sys; [print(json.dumps([j["ids"], j["logprob_bits"]])) for j in map(json.loads, sys.stdin) if j["prompt_index"] == 0]' > "$tmp/b"
+  | tee "$tmp/records.jsonl" | /usr/bin/env python3 -c 'import json,sys; [print(json.dumps([j["ids"], j["logprob_bits"]])) for j in map(json.loads, sys.stdin) if j["prompt_index"] == 0]' > "$tmp/b"
 if cmp -s "$tmp/a" "$tmp/b"; then
   echo "identical: 4 trajectories, ids and fp32 logprob bits ($(wc -c < "$tmp/a") bytes compared)"
 else
@@ -103,3 +103,22 @@ echo "== bitroll cost: what every trajectory cost (price: \$2.50 per replica-hou
 sed -n '1,12p' "$tmp/cost.txt"
 echo "   ..."
 awk '/per group/,0' "$tmp/cost.txt"
+echo
+echo "== bitroll audit: the 68 trajectories generated above, re-scored (one prefill each) and re-run =="
+"$bitroll" audit "$tmp/records.jsonl" --model "$model" "${targs[@]}" 2>/dev/null | tail -n 1
+"$bitroll" audit "$tmp/records.jsonl" --model "$model" "${targs[@]}" --mode rerun 2>/dev/null | tail -n 1
+echo "-- the same records with one logprob bit flipped (trajectory 5):"
+/usr/bin/env python3 -c 'import json,sys
+for k, line in enumerate(sys.stdin):
+    j = json.loads(line)
+    t = min(9, len(j["logprob_bits"]) - 1)
+    if k == 5: j["logprob_bits"][t] = "%08x" % (int(j["logprob_bits"][t], 16) ^ 1)
+    print(json.dumps(j))' < "$tmp/records.jsonl" > "$tmp/tampered.jsonl"
+rc=0
+"$bitroll" audit "$tmp/tampered.jsonl" --model "$model" "${targs[@]}" > "$tmp/audit.txt" 2>/dev/null || rc=$?
+grep -m1 ' diverged ' "$tmp/audit.txt" | sed 's/^ *//'
+if [ "$rc" -ne 1 ]; then
+  echo "audit: exit status $rc for a tampered record, want 1" >&2
+  exit 1
+fi
+echo "exit status 1: a divergence (0: all identical, 2: could not audit)"

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +43,9 @@ struct CpuEngineParts {
   // from weight_storage / matmul_override. With a backend that stores K/V itself
   // (kv_store() != nullptr) the disk tier is refused (kUnsupported).
   std::unique_ptr<ForwardBackend> backend;
+  // Audit seam for the CPU Transformer (see TransformerOptions::trace); unset in production.
+  int32_t trace_position = -1;
+  std::function<void(int32_t layer, const char* op, float* data, int64_t n)> trace;
 };
 
 class CpuEngine final : public Engine {

@@ -165,6 +165,14 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     positions_[r] = rows[r].position;
     tables_[r] = rows[r].block_table;
   }
+  // The audit seam (TransformerOptions::trace): `stride` floats per row, the first `width` traced.
+  auto trace = [&](int32_t layer, const char* op, float* buf, int64_t stride, int64_t width) {
+    if (!opt_.trace) return;
+    for (int64_t r = 0; r < n; ++r) {
+      if (rows[r].position == opt_.trace_position) opt_.trace(layer, op, buf + r * stride, width);
+    }
+  };
+  trace(-1, "embed", x_.data(), dim, dim);
   auto matmul = [&](const float* x, int64_t ldx, const PackedMatrix& w, const float* bias, float* y,
                     int64_t ldy) {
     kernels::MatmulParams p;
@@ -185,6 +193,7 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
       kernels::RmsNorm(isa, x_.data() + r * dim, L.attn_norm.data(), dim, c.norm_eps,
                        xb_.data() + r * dim);
     });
+    trace(l, "attn_norm", xb_.data(), dim, dim);
     matmul(xb_.data(), dim, *L.wqkv, L.bqkv.empty() ? nullptr : L.bqkv.data(), qkv_.data(),
            qkv_dim);
     RowOp(n, [&](int64_t r) {
@@ -211,23 +220,31 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     ap.positions = positions_.data();
     ap.block_tables = tables_.data();
     ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    trace(l, "qkv", qkv_.data(), qkv_dim, qkv_dim);
     kernels::Attention(isa, ap, opt_.attention, opt_.pool, &attn_scratch_);
+    trace(l, "attn", att_.data(), dim, dim);
     matmul(att_.data(), dim, *L.wo, nullptr, tmp_.data(), dim);
+    trace(l, "attn_out", tmp_.data(), dim, dim);
     RowOp(n,
           [&](int64_t r) { kernels::Add(isa, x_.data() + r * dim, tmp_.data() + r * dim, dim); });
+    trace(l, "resid_attn", x_.data(), dim, dim);
     // feed-forward block
     RowOp(n, [&](int64_t r) {
       kernels::RmsNorm(isa, x_.data() + r * dim, L.ffn_norm.data(), dim, c.norm_eps,
                        xb_.data() + r * dim);
     });
+    trace(l, "ffn_norm", xb_.data(), dim, dim);
     matmul(xb_.data(), dim, *L.w13, nullptr, h13_.data(), 2 * hidden);
     RowOp(n, [&](int64_t r) {
       const float* g = h13_.data() + r * 2 * hidden;
       kernels::SwiGlu(isa, g, g + hidden, hidden, hb_.data() + r * hidden);
     });
+    trace(l, "mlp_act", hb_.data(), hidden, hidden);
     matmul(hb_.data(), hidden, *L.w2, nullptr, tmp_.data(), dim);
+    trace(l, "mlp_out", tmp_.data(), dim, dim);
     RowOp(n,
           [&](int64_t r) { kernels::Add(isa, x_.data() + r * dim, tmp_.data() + r * dim, dim); });
+    trace(l, "resid_mlp", x_.data(), dim, dim);
   }
 
   // Logits for the rows that want them, gathered densely.
@@ -247,6 +264,16 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     p.y = logits;
     p.ldy = c.vocab_size;
     RunMatmul(p);
+  }
+  if (opt_.trace) {
+    for (int64_t r = 0, k = 0; r < n; ++r) {
+      if (!rows[r].want_logits) continue;
+      if (rows[r].position == opt_.trace_position) {
+        opt_.trace(c.n_layers, "final_norm", xb_.data() + k * dim, dim);
+        opt_.trace(c.n_layers, "logits", logits + k * c.vocab_size, c.vocab_size);
+      }
+      ++k;
+    }
   }
   return Status::Ok();
 }

@@ -54,6 +54,15 @@ struct TransformerOptions {
   // deliberately batch-variant matmul in here to show the suite catches it. nullptr in production.
   void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
                           kernels::ThreadPool*) = nullptr;
+  // Audit seam (`bitroll audit --trace-layers`, rollout/audit_trace.h): when set, called after
+  // each stage of the forward pass for every row at position trace_position, with that row's
+  // fp32 output of the stage: layer -1 "embed"; per layer "attn_norm", "qkv" (after RoPE), "attn"
+  // (before wo), "attn_out", "resid_attn", "ffn_norm", "mlp_act", "mlp_out", "resid_mlp"; layer
+  // n_layers "final_norm" and "logits" (rows that want logits). A reader changes no bit; a test may
+  // change the values (a deliberately perturbed kernel; a change to "qkv" reaches only the trace:
+  // q and K/V are taken before it). Unset in production.
+  int32_t trace_position = -1;
+  std::function<void(int32_t layer, const char* op, float* data, int64_t n)> trace;
 };
 
 class Transformer final : public ForwardBackend {

@@ -19,6 +19,7 @@
 
 #include "engine/engine.h"
 #include "rollout/audit.h"
+#include "rollout/audit_trace.h"
 #include "rollout/cli_args.h"
 #include "rollout/commands.h"
 #include "rollout/progress.h"
@@ -146,7 +147,38 @@ struct AuditFlags {
   std::string file, data_dir, mode = "rescore";
   bool json = false;
   int64_t kv_cache_mb = 0;
+  int32_t trace_position = -1;
+  int64_t record = 0;
 };
+
+// --trace-layers POS: the per-layer checksums of one record at one position.
+int TraceCommand(const AuditFlags& f, const std::vector<AuditItem>& items) {
+  if (f.record < 0 || f.record >= static_cast<int64_t>(items.size())) {
+    std::fprintf(stderr, "bitroll audit: --record %" PRId64 ": the input holds %zu records\n",
+                 f.record, items.size());
+    return 2;
+  }
+  const AuditItem& it = items[f.record];
+  if (!it.parse_error.ok()) {
+    std::fprintf(stderr, "bitroll audit: record %" PRId64 ": cannot audit: %s\n", f.record,
+                 it.parse_error.message().c_str());
+    return 2;
+  }
+  Result<LayerTrace> t = TraceLayers(f.eo, it.record, f.trace_position);
+  if (!t.ok()) {
+    std::fprintf(stderr, "bitroll audit: %s\n", t.status().ToString().c_str());
+    return 2;
+  }
+  if (t->weights_hash != it.record.weights_hash) {
+    std::fprintf(stderr,
+                 "bitroll audit: weights unavailable: record %" PRId64
+                 " was made with weights %s, the model given has %s\n",
+                 f.record, Hex64(it.record.weights_hash).c_str(), Hex64(t->weights_hash).c_str());
+    return 2;
+  }
+  std::fputs(FormatTrace(*t).c_str(), stdout);
+  return 0;
+}
 
 void PrintTable(const std::vector<AuditVerdict>& verdicts) {
   std::printf("%6s %10s %6s %6s %7s  %-20s %s\n", "#", "group", "prompt", "sample", "tokens",
@@ -183,6 +215,12 @@ int CmdAudit(int argc, char** argv) {
            "from the recorded seed and sample index)",
            "MODE");
   p.Flag("--json", &f.json, "one JSON object (verdicts and summary) on stdout");
+  p.Integer("--trace-layers", &f.trace_position,
+            "instead of auditing: per-layer checksums of the forward pass at this absolute "
+            "position of one record (diff two machines' traces to find the first layer and op "
+            "that differs)",
+            "POS");
+  p.Integer("--record", &f.record, "the record --trace-layers traces (0-based, default 0)", "K");
   p.Group("Engine (none of these changes a bit)");
   p.String("--device", &f.eo.device, "cpu|cuda (default cpu)", "NAME");
   p.Integer("--threads", &f.eo.threads, "kernel threads (default 1)");
@@ -218,6 +256,7 @@ int CmdAudit(int argc, char** argv) {
     std::fprintf(stderr, "bitroll audit: %s\n", items.status().ToString().c_str());
     return 2;
   }
+  if (p.Given("--trace-layers")) return TraceCommand(f, *items);
   Result<std::unique_ptr<engine::Engine>> e = engine::OpenEngine(f.eo);
   if (!e.ok()) {
     std::fprintf(stderr, "bitroll audit: %s\n", e.status().ToString().c_str());

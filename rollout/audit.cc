@@ -68,6 +68,11 @@ nlohmann::json VerdictToJson(const AuditVerdict& v) {
                        {"recorded_bits", Hex32(d.recorded_bits)},
                        {"recomputed_bits", Hex32(d.recomputed_bits)},
                        {"ulps", d.ulps}};
+    if (!d.top5.empty()) {
+      nlohmann::json alt = nlohmann::json::array();
+      for (const auto& [id, lp] : d.top5) alt.push_back({{"id", id}, {"logprob", lp}});
+      j["divergence"]["top5"] = std::move(alt);
+    }
   }
   return j;
 }

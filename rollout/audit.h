@@ -29,6 +29,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -64,6 +65,9 @@ struct Divergence {
   uint32_t recorded_bits = 0;
   uint32_t recomputed_bits = 0;
   uint64_t ulps = 0;  // distance of the two floats in units in the last place
+  // The 5 most likely tokens there (id, logprob computed in double from the logits, for people);
+  // filled by the CLI for the first divergences (rollout/audit_trace.h TopAlternatives).
+  std::vector<std::pair<int32_t, double>> top5;
 };
 
 struct AuditVerdict {

@@ -1,7 +1,9 @@
 // Per-layer checksums of one position (rollout/audit_trace.h).
 #include "rollout/audit_trace.h"
 
+#include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -101,6 +103,33 @@ Result<LayerTrace> TraceLayers(const engine::EngineOptions& options, const Traje
     }
   }
   if (out.lines.empty()) return Status::Internal("--trace-layers: the position was never computed");
+  return out;
+}
+
+Result<std::vector<Alternative>> TopAlternatives(const engine::EngineOptions& options,
+                                                 const TrajectoryRecord& record, int32_t position,
+                                                 int k) {
+  std::vector<float> logits;
+  auto grab = [&logits](int32_t, const char* op, float* data, int64_t n) {
+    if (std::strcmp(op, "logits") == 0) logits.assign(data, data + n);
+  };
+  BR_RETURN_IF_ERROR(TraceLayers(options, record, position, grab).status());
+  if (logits.empty()) return Status::Internal("no logits at position " + std::to_string(position));
+  const double t = record.temperature > 0 ? record.temperature : 1.0;
+  double mx = -INFINITY;
+  for (float x : logits) mx = std::max(mx, x / t);
+  double z = 0;
+  for (float x : logits) z += std::exp(x / t - mx);
+  std::vector<int32_t> idx(logits.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
+  const size_t top = std::min<size_t>(static_cast<size_t>(std::max(k, 0)), idx.size());
+  std::partial_sort(idx.begin(), idx.begin() + top, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  std::vector<Alternative> out;
+  for (size_t i = 0; i < top; ++i) {
+    out.push_back({idx[i], logits[idx[i]] / t - mx - std::log(z)});
+  }
   return out;
 }
 

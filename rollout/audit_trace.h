@@ -51,6 +51,18 @@ using TracePerturb = std::function<void(int32_t layer, const char* op, float* da
 Result<LayerTrace> TraceLayers(const engine::EngineOptions& options, const TrajectoryRecord& record,
                                int32_t position, const TracePerturb& perturb = {});
 
+struct Alternative {
+  int32_t id = 0;
+  double logprob = 0;  // log-softmax of logits / T (T = 0 scores at 1), in double: for people
+};
+
+// The k most likely tokens of the row at absolute position `position` (the row whose logits pick
+// the token at position + 1), from its logits in a trace; ties to the lower id. Errors: those of
+// TraceLayers.
+Result<std::vector<Alternative>> TopAlternatives(const engine::EngineOptions& options,
+                                                 const TrajectoryRecord& record, int32_t position,
+                                                 int k);
+
 // "layer op n hash sum" per line, a header line first (the position and weights hash).
 std::string FormatTrace(const LayerTrace& t);
 

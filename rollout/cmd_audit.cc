@@ -142,6 +142,9 @@ int CmdAuditExport(int argc, char** argv) {
   return bad ? 2 : 0;
 }
 
+// Divergences whose top-5 alternatives are looked up (each costs one prefill).
+constexpr int kMaxExplained = 16;
+
 struct AuditFlags {
   engine::EngineOptions eo;
   std::string file, data_dir, mode = "rescore";
@@ -272,6 +275,24 @@ int CmdAudit(int argc, char** argv) {
   if (!verdicts.ok()) {
     std::fprintf(stderr, "bitroll audit: %s\n", verdicts.status().ToString().c_str());
     return 2;
+  }
+  // The top-5 alternatives at the first divergences: one more prefill each, to that position.
+  int explained = 0;
+  for (AuditVerdict& v : *verdicts) {
+    if (!v.divergence || f.eo.device != "cpu" || explained >= kMaxExplained) continue;
+    ++explained;
+    Divergence& d = *v.divergence;
+    Result<std::vector<Alternative>> alt =
+        TopAlternatives(f.eo, (*items)[v.index].record, d.position - 1, 5);
+    if (!alt.ok()) continue;
+    std::string s = "; top-5 there:";
+    for (const Alternative& a : *alt) {
+      d.top5.emplace_back(a.id, a.logprob);
+      char buf[48];
+      std::snprintf(buf, sizeof(buf), " %d (%.4g)", a.id, a.logprob);
+      s += buf;
+    }
+    v.detail += s;
   }
   int counts[6] = {0, 0, 0, 0, 0, 0};
   for (const AuditVerdict& v : *verdicts) ++counts[static_cast<int>(v.kind)];

@@ -153,6 +153,11 @@ def test_generate_and_tampering(c):
             check(v["divergence"]["recomputed_id"] == orig,
                   f"changed id (rerun): recomputed id {v['divergence']['recomputed_id']}, "
                   f"want the original {orig}")
+        if v["verdict"] == "diverged":
+            top5 = [a["id"] for a in v["divergence"].get("top5", [])]
+            check(len(top5) == 5 and (mode == "rescore" or orig in top5),
+                  f"changed id ({mode}): top-5 alternatives {top5} (the sampled {orig} among "
+                  "them in rerun)")
 
     # A swapped sample index (samples 0 and 1 of prompt 0).
     r = copy.deepcopy(recs)

@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
+#include "rollout/tool_call.h"
 
 namespace bitroll::rollout {
 
@@ -68,6 +70,7 @@ nlohmann::json VerdictToJson(const AuditVerdict& v) {
                        {"recorded_bits", Hex32(d.recorded_bits)},
                        {"recomputed_bits", Hex32(d.recomputed_bits)},
                        {"ulps", d.ulps}};
+    if (!d.what.empty()) j["divergence"]["what"] = d.what;
     if (!d.top5.empty()) {
       nlohmann::json alt = nlohmann::json::array();
       for (const auto& [id, lp] : d.top5) alt.push_back({{"id", id}, {"logprob", lp}});
@@ -175,6 +178,50 @@ std::vector<std::pair<int32_t, int32_t>> SampledRuns(const TrajectoryRecord& r) 
   return runs;
 }
 
+// Which injected token first differs from what the record's tool results encode to, if any.
+std::optional<Divergence> CheckToolResults(const TrajectoryRecord& r, const engine::Tokenizer& tk,
+                                           int32_t prompt_len) {
+  if (r.tool_result_template.empty()) return std::nullopt;
+  for (size_t k = 0; k < r.tool_calls.size(); ++k) {
+    const RecordToolCall& c = r.tool_calls[k];
+    // Call k ended turn k + 1; its result opens turn k + 2.
+    if (!c.has_result || k + 1 >= r.turn_begins.size()) continue;
+    const int32_t begin = r.turn_begins[k + 1];
+    int32_t end = begin;
+    while (end < static_cast<int32_t>(r.ids.size()) && r.mask[end] == 0) ++end;
+    ToolOutcome o;
+    o.exit_status = c.exit_status;
+    o.stdout_data = c.stdout_data;
+    o.stderr_data = c.stderr_data;
+    if (c.error_code != 0) o.error = Status(static_cast<ErrorCode>(c.error_code), c.error_message);
+    std::string text = r.tool_result_template;
+    const std::string out = ResultText(o);
+    for (size_t at = text.find("{output}"); at != std::string::npos;
+         at = text.find("{output}", at + out.size())) {
+      text.replace(at, 8, out);
+    }
+    Result<std::vector<int32_t>> want = tk.Encode(text, /*add_bos=*/false);
+    if (!want.ok()) continue;
+    const auto n = static_cast<int32_t>(want->size());
+    for (int32_t t = begin; t <= end; ++t) {
+      const int32_t i = t - begin;
+      const bool rec_has = t < end, want_has = i < n;
+      if (!rec_has && !want_has) break;
+      if (rec_has && want_has && r.ids[t] == (*want)[i]) continue;
+      Divergence d;
+      d.token = rec_has ? t : end - 1;
+      d.turn = TurnOf(r, d.token);
+      d.position = prompt_len + d.token;
+      d.recorded_id = rec_has ? r.ids[t] : -1;
+      d.recomputed_id = want_has ? (*want)[i] : -1;
+      d.what = "tool result " + std::to_string(c.call_index) + " (" + c.name.substr(0, 32) +
+               ") does not encode to the injected tokens";
+      return d;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
@@ -186,6 +233,7 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
   std::vector<std::vector<int32_t>> prompts(items.size());
   std::vector<Job> jobs;
   std::vector<int> pending(items.size(), 0);
+  std::map<size_t, Divergence> first_tool;  // injected tokens that do not match their result
   for (size_t i = 0; i < items.size(); ++i) {
     verdicts[i] = Precheck(items[i], i, info);
     if (verdicts[i].kind != VerdictKind::kIdentical) continue;
@@ -197,6 +245,12 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
       continue;
     }
     prompts[i] = std::move(p).value();
+    if (e.tokenizer() != nullptr) {
+      if (std::optional<Divergence> d =
+              CheckToolResults(r, *e.tokenizer(), static_cast<int32_t>(prompts[i].size()))) {
+        first_tool[i] = *d;
+      }
+    }
     for (uint8_t m : r.mask) verdicts[i].tokens_checked += m;
     if (mode == AuditMode::kRescore) {
       if (!r.ids.empty()) jobs.push_back({i, 0, static_cast<int32_t>(r.ids.size())});
@@ -235,7 +289,7 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
   for (size_t i = 0; i < items.size(); ++i) done += pending[i] == 0 ? 1 : 0;
   if (progress) progress(done);
   // Earliest divergence per record (re-run turns finish in any order).
-  std::map<size_t, Divergence> first;
+  std::map<size_t, Divergence> first = first_tool;
   const auto t0 = std::chrono::steady_clock::now();
   while (e.HasWork()) {
     Result<engine::StepResult> step = e.Step();
@@ -296,6 +350,7 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
                   d.recorded_bits, d.recomputed_id, BitsFloat(d.recomputed_bits), d.recomputed_bits,
                   static_cast<unsigned long long>(d.ulps));
     v.detail = buf;
+    if (!d.what.empty()) v.detail += ": " + d.what;
   }
   for (const AuditVerdict& v : verdicts) {
     if (stats && (v.kind == VerdictKind::kIdentical || v.kind == VerdictKind::kDiverged)) {

@@ -9,6 +9,10 @@
 //     recorded logprob is a placeholder 0). Re-scoring checks that these weights give these
 //     logprobs to these tokens; it cannot check the seed or sample index (a logprob does not
 //     depend on the noise), which re-running does.
+//   Both modes also re-derive every injected tool result (when the record has its
+//     tool_result_template and the model a tokenizer): the template filled with the call's
+//     recorded result (rollout/tool_call.h ResultText), encoded without BOS, must be the recorded
+//     injected tokens; else kDiverged at the first injected token that differs.
 //   kRerun: every model turn regenerated from the recorded seed, sample index and sampling
 //     parameters, its context (earlier turns and injected tool results) taken from the record;
 //     ids and logprob bits compared. The turn's token budget is the recorded turn's length.
@@ -65,6 +69,8 @@ struct Divergence {
   uint32_t recorded_bits = 0;
   uint32_t recomputed_bits = 0;
   uint64_t ulps = 0;  // distance of the two floats in units in the last place
+  // Set for an injected token: which tool result does not encode to the recorded tokens.
+  std::string what;
   // The 5 most likely tokens there (id, logprob computed in double from the logits, for people);
   // filled by the CLI for the first divergences (rollout/audit_trace.h TopAlternatives).
   std::vector<std::pair<int32_t, double>> top5;

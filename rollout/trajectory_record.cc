@@ -177,7 +177,10 @@ Status ParseToolCall(const json& c, size_t k, RecordToolCall* out) {
   BR_RETURN_IF_ERROR(GetInt(*r, "exit_status", at + ".result.exit_status", &out->exit_status));
   BR_RETURN_IF_ERROR(GetString(*r, "stdout", at + ".result.stdout", &out->stdout_data));
   BR_RETURN_IF_ERROR(GetString(*r, "stderr", at + ".result.stderr", &out->stderr_data, false));
-  return GetString(*r, "error", at + ".result.error", &out->error, false);
+  BR_RETURN_IF_ERROR(GetString(*r, "error", at + ".result.error", &out->error, false));
+  BR_RETURN_IF_ERROR(
+      GetInt(*r, "error_code", at + ".result.error_code", &out->error_code, /*required=*/false));
+  return GetString(*r, "error_message", at + ".result.error_message", &out->error_message, false);
 }
 
 // Turn k + 1 begins at the first token of each run of injected tokens.
@@ -229,16 +232,16 @@ nlohmann::json RecordToJson(const TrajectoryRecord& r) {
                {"name", c.name},
                {"input", c.input}};
     if (c.has_result) {
-      jc["result"] = {{"exit_status", c.exit_status},
-                      {"stdout", c.stdout_data},
-                      {"stderr", c.stderr_data},
-                      {"error", c.error}};
+      jc["result"] = {{"exit_status", c.exit_status}, {"stdout", c.stdout_data},
+                      {"stderr", c.stderr_data},      {"error", c.error},
+                      {"error_code", c.error_code},   {"error_message", c.error_message}};
     } else {
       jc["result"] = nullptr;
     }
     calls.push_back(std::move(jc));
   }
   j["tool_calls"] = std::move(calls);
+  if (!r.tool_result_template.empty()) j["tool_result_template"] = r.tool_result_template;
   j["sampling"] = {
       {"temperature", r.temperature}, {"top_k", r.top_k}, {"top_p", r.top_p}, {"min_p", r.min_p}};
   j["seed"] = std::to_string(r.seed);
@@ -317,6 +320,8 @@ Result<TrajectoryRecord> RecordFromJson(const nlohmann::json& j) {
       r.tool_calls.push_back(std::move(c));
     }
   }
+  BR_RETURN_IF_ERROR(
+      GetString(j, "tool_result_template", "tool_result_template", &r.tool_result_template, false));
   auto sp = j.find("sampling");
   if (sp == j.end() || sp->is_null()) return Missing("sampling");
   if (!sp->is_object()) return Bad("sampling", "not an object");
@@ -426,8 +431,17 @@ Result<TrajectoryRecord> RecordFromWal(const wal::TrajectoryLog& log) {
     c.exit_status = o.exit_status;
     c.stdout_data = o.stdout_data;
     c.stderr_data = o.stderr_data;
-    if (!o.error.ok()) c.error = o.error.ToString();
+    if (!o.error.ok()) {
+      c.error = o.error.ToString();
+      c.error_code = static_cast<int32_t>(o.error.code());
+      c.error_message = o.error.message();
+    }
     r.tool_calls.push_back(std::move(c));
+  }
+  if (!log.tool_calls.empty()) {
+    r.tool_result_template = m->tool_result_template() && m->tool_result_template()->size() > 0
+                                 ? m->tool_result_template()->str()
+                                 : std::string(kDefaultResultTemplate);
   }
   r.temperature = h.sampling.temperature;
   r.top_k = h.sampling.top_k;

@@ -45,7 +45,9 @@ struct RecordToolCall {
   int32_t exit_status = 0;
   std::string stdout_data;
   std::string stderr_data;
-  std::string error;  // empty when the tool ran to completion (any exit status)
+  std::string error;       // empty when the tool ran to completion (any exit status), for people
+  int32_t error_code = 0;  // the typed error of the run (schema/status.h ErrorCode), 0 = none
+  std::string error_message;
 };
 
 struct RecordVersionSpan {
@@ -73,6 +75,9 @@ struct TrajectoryRecord {
   // its injected tokens.
   std::vector<int32_t> turn_begins;
   std::vector<RecordToolCall> tool_calls;
+  // The request's tool_result_template (its default when it gave none); empty when the record
+  // has no tool loop. With it an auditor re-derives every injected text from the call's result.
+  std::string tool_result_template;
   // Sampling (engine/engine.h SamplingParams) and stop rules.
   float temperature = 1.0f;
   int32_t top_k = 0;

@@ -5,7 +5,8 @@
   2. each tampering is caught with the right verdict and position: one flipped logprob bit, one
      changed id, a swapped sample index and a changed seed (rerun; rescore cannot see the noise
      and says identical, as documented), a record made with other weights (bitroll make-model),
-     a changed fingerprint, every required field removed in turn, a line that is not JSON; the
+     a changed fingerprint, every required field removed in turn, a line that is not JSON, an
+     edited tool result and a changed injected token (in the service records of 4); the
      exit status is 1 with a divergence, 2 when something could not be audited;
   3. a record made with the widest ISA this CPU has audits clean with the narrower ones;
   4. a `bitroll serve --data-dir` service (a plain group, a multi-turn group with a tool, a group
@@ -339,6 +340,31 @@ def test_service(c):
         all_identical(f"data directory ({mode})", rc, j, len(recs))
         print(f"  audit --data-dir {mode}: {j['trajectories']} trajectories, "
               f"{j['tokens_checked']} tokens, exit {rc}")
+    # A tool result edited (its stdout), and an injected token changed: both caught at the
+    # injected tokens of the turn the result opens, in both modes.
+    k = next((i for i, r in enumerate(recs) if 0 in r["mask"] and r["tool_calls"]
+              and r["tool_calls"][0]["result"] is not None), None)
+    if check(k is not None, "no exported record has an injected tool result"):
+        begin = recs[k]["turn_begins"][1]
+        end = begin
+        while end < len(recs[k]["mask"]) and recs[k]["mask"][end] == 0:
+            end += 1
+        r = copy.deepcopy(recs)
+        r[k]["tool_calls"][0]["result"]["stdout"] = "tampered " + \
+            r[k]["tool_calls"][0]["result"]["stdout"]
+        r2 = copy.deepcopy(recs)
+        r2[k]["ids"][end - 1] = (r2[k]["ids"][end - 1] + 1) % 512
+        for name, rr, at in (("edited tool result", r, None), ("changed injected id", r2, end - 1)):
+            path = c.write(rr)
+            for mode in ("rescore", "rerun"):
+                rc, j = c.audit(path, mode)
+                v = expect_one(f"{name} ({mode})", rc, j, k, "diverged", 1, token=at)
+                if v["verdict"] == "diverged":
+                    t = v["divergence"]["token"]
+                    check(begin <= t < end and "tool result" in v["divergence"].get("what", ""),
+                          f"{name} ({mode}): diverged at {t} ({v['detail']}), want an injected "
+                          f"token in [{begin}, {end}) named as a tool result")
+
     # Negative control: the same export with one flipped bit in a resumed trajectory.
     k = next(i for i, r in enumerate(recs) if r["group_id"] == 3)
     r = copy.deepcopy(recs)

@@ -391,7 +391,7 @@ Result<TrajectoryRecord> RecordFromWal(const wal::TrajectoryLog& log) {
   TrajectoryRecord r;
   r.bitroll_version = BitrollVersion();
   r.source = "wal";
-  r.group_id = h.group_id;
+  r.group_id = m->group_id();  // the client's (the header's is the coordinator's serial)
   r.sample_index = h.sample_index;
   r.prompt_index = WalFlatOf(log.id) / m->n();
   if (r.prompt_index >= m->prompts()->size()) {

@@ -269,7 +269,14 @@ def traj_key(t):
     return (t.group_id, t.prompt_index, t.sample_index)
 
 
-def test_service(c):
+def wait_for_tokens(client, group, n, timeout=60.0):
+    """Reads the group's streamed chunks until n tokens arrived (then the caller kills)."""
+    deadline = time.time() + timeout
+    while sum(len(ch.ids) for ch in group.chunks) < n and time.time() < deadline:
+        client._pump(1000)
+
+
+def test_service(c, trajectories):
     print("[4] a service data directory (plain, multi-turn with a tool, kill -9 + resume, "
           "unfinished) audits clean")
     data = os.path.join(c.tmp, "data")
@@ -290,11 +297,21 @@ def test_service(c):
         got[traj_key(t)] = t
         multi += 1 if t.turns > 1 else 0
     check(multi > 0, "no trajectory of the tool group made a tool call (no multi-turn coverage)")
+    # --trajectories N: more plain groups (16 trajectories each) until the service made N.
+    extra, gid = 0, 100
+    while 8 + 6 + 24 + 8 + extra < trajectories:
+        g = cl.submit([[1, 10 + gid % 50, 20], [1, 30, 40 + gid % 50]], n=8,
+                      params={"temperature": 0.9, "top_p": 0.95}, seed=gid, max_tokens=48,
+                      group_id=gid)
+        for t in g.result():
+            got[traj_key(t)] = t
+        extra += 16
+        gid += 1
     # A long group killed part-way, then resumed from the WAL.
     long_prompts = [[1, 10 + p, 20 + p, 30] for p in range(6)]
-    cl.submit(long_prompts, n=4, params={"temperature": 0.8}, seed=77, max_tokens=400,
-              stop_at_eos=False, group_id=3)
-    time.sleep(0.8)
+    g = cl.submit(long_prompts, n=4, params={"temperature": 0.8}, seed=77, max_tokens=400,
+                  stop_at_eos=False, group_id=3, stream_tokens=True)
+    wait_for_tokens(cl, g, 1000)  # of 9,600
     srv.kill9()
     cl.close()
     srv.start()
@@ -308,9 +325,9 @@ def test_service(c):
     check(rec and int(rec[-1][0]) > 0 and int(rec[-1][1]) > 0,
           f"the kill -9 did not land mid-group (recovery said {rec[-1:] or 'nothing'})")
     # A group left unfinished by the last kill -9.
-    cl.submit([[1, 50, 60, 70]], n=8, params={"temperature": 1.0}, seed=9, max_tokens=480,
-              stop_at_eos=False, group_id=4)
-    time.sleep(0.5)
+    g = cl.submit([[1, 50, 60, 70]], n=8, params={"temperature": 1.0}, seed=9, max_tokens=480,
+                  stop_at_eos=False, group_id=4, stream_tokens=True)
+    wait_for_tokens(cl, g, 400)  # of 3,840
     srv.kill9()
     cl.close()
 
@@ -318,8 +335,8 @@ def test_service(c):
     check(rc == 0, f"audit export: exit status {rc}: {err}")
     recs = [json.loads(line) for line in out.splitlines() if line.strip()]
     by_key = {(r["group_id"], r["prompt_index"], r["sample_index"]): r for r in recs}
-    want = 8 + 6 + 24
-    check(len([k for k in by_key if k[0] in (1, 2, 3)]) == want,
+    want = 8 + 6 + 24 + extra
+    check(len([k for k in by_key if k[0] != 4]) == want,
           f"export holds {len(by_key)} records, want {want} of groups 1-3 and those of group 4")
     unfinished = sum(1 for r in recs if r["finish"] == "unfinished")
     injected = sum(1 for r in recs if 0 in r["mask"])
@@ -378,6 +395,8 @@ def main():
     ap.add_argument("--bitroll", default=oc.default_bitroll())
     ap.add_argument("--model", default=oc.default_model())
     ap.add_argument("--skip-service", action="store_true")
+    ap.add_argument("--trajectories", type=int, default=0,
+                    help="make the service run at least this many trajectories (e.g. 1000)")
     a = oc.parse_args(ap)
     if a is None:
         return 0
@@ -387,7 +406,7 @@ def main():
         test_generate_and_tampering(c)
         test_isa(c)
         if not a.skip_service:
-            test_service(c)
+            test_service(c, a.trajectories)
     return oc.report("audit_test", FAILURES, t0)
 
 

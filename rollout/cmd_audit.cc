@@ -17,7 +17,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/cpu_engine.h"
 #include "engine/engine.h"
+#include "engine/model_loader.h"
+#include "engine/tokenizer.h"
 #include "rollout/audit.h"
 #include "rollout/audit_trace.h"
 #include "rollout/cli_args.h"
@@ -152,10 +155,32 @@ struct AuditFlags {
   int64_t kv_cache_mb = 0;
   int32_t trace_position = -1;
   int64_t record = 0;
+  std::string weights = "f32";
 };
+
+// The engine of the audit: OpenEngine, or a CPU engine with bf16 matmul weights (--weights bf16,
+// the "cpu-bf16" fingerprint of `generate --weights bf16`).
+Result<std::unique_ptr<engine::Engine>> OpenAuditEngine(const AuditFlags& f) {
+  if (f.weights == "f32") return engine::OpenEngine(f.eo);
+  BR_ASSIGN_OR_RETURN(engine::ModelWeights w, engine::LoadModelWeights(f.eo.model_path));
+  engine::CpuEngineParts parts;
+  Result<std::unique_ptr<engine::Tokenizer>> tok =
+      engine::LoadTokenizerFor(f.eo.model_path, f.eo.tokenizer_path, w.config.vocab_size);
+  if (tok.ok()) parts.tokenizer = std::move(tok).value();
+  parts.weights = std::make_shared<const engine::ModelWeights>(std::move(w));
+  parts.options = f.eo;
+  parts.weight_storage = kernels::DType::kBF16;
+  BR_ASSIGN_OR_RETURN(std::unique_ptr<engine::CpuEngine> e,
+                      engine::CpuEngine::Create(std::move(parts)));
+  return std::unique_ptr<engine::Engine>(std::move(e));
+}
 
 // --trace-layers POS: the per-layer checksums of one record at one position.
 int TraceCommand(const AuditFlags& f, const std::vector<AuditItem>& items) {
+  if (f.weights != "f32") {
+    std::fprintf(stderr, "bitroll audit: --trace-layers traces f32 weights only\n");
+    return 2;
+  }
   if (f.record < 0 || f.record >= static_cast<int64_t>(items.size())) {
     std::fprintf(stderr, "bitroll audit: --record %" PRId64 ": the input holds %zu records\n",
                  f.record, items.size());
@@ -232,6 +257,10 @@ int CmdAudit(int argc, char** argv) {
   p.Integer("--max-step-tokens", &f.eo.max_step_tokens,
             "token budget of one engine step (default 512)");
   p.Integer("--kv-cache-mb", &f.kv_cache_mb, "KV cache budget in MiB (default 0: automatic)");
+  p.String("--weights", &f.weights,
+           "CPU matmul weight storage of the records' engine: f32 (default) or bf16 "
+           "(generate --weights bf16, fingerprint cpu-bf16)",
+           "f32|bf16");
   p.Footer(
       "Exit status: 0 every trajectory identical, 1 a divergence, 2 something could not be "
       "audited.");
@@ -249,6 +278,9 @@ int CmdAudit(int argc, char** argv) {
   if (s.ok() && (f.kv_cache_mb < 0 || f.kv_cache_mb > (int64_t{1} << 40))) {
     s = Status::InvalidArgument("--kv-cache-mb must be in [0, 2^40]");
   }
+  if (s.ok() && f.weights != "f32" && (f.weights != "bf16" || f.eo.device != "cpu")) {
+    s = Status::InvalidArgument("--weights must be f32, or bf16 with --device cpu");
+  }
   if (!s.ok()) return UsageError("audit", s);
   f.eo.kv_cache_bytes = f.kv_cache_mb * (int64_t{1} << 20);
   const AuditMode mode = f.mode == "rerun" ? AuditMode::kRerun : AuditMode::kRescore;
@@ -260,7 +292,7 @@ int CmdAudit(int argc, char** argv) {
     return 2;
   }
   if (p.Given("--trace-layers")) return TraceCommand(f, *items);
-  Result<std::unique_ptr<engine::Engine>> e = engine::OpenEngine(f.eo);
+  Result<std::unique_ptr<engine::Engine>> e = OpenAuditEngine(f);
   if (!e.ok()) {
     std::fprintf(stderr, "bitroll audit: %s\n", e.status().ToString().c_str());
     return 2;
@@ -279,7 +311,9 @@ int CmdAudit(int argc, char** argv) {
   // The top-5 alternatives at the first divergences: one more prefill each, to that position.
   int explained = 0;
   for (AuditVerdict& v : *verdicts) {
-    if (!v.divergence || f.eo.device != "cpu" || explained >= kMaxExplained) continue;
+    if (!v.divergence || f.eo.device != "cpu" || f.weights != "f32" || explained >= kMaxExplained) {
+      continue;
+    }
     ++explained;
     Divergence& d = *v.divergence;
     Result<std::vector<Alternative>> alt =

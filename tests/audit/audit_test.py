@@ -210,6 +210,17 @@ def test_generate_and_tampering(c):
     rc, j = c.audit(c.write(r), "rescore")
     expect_one("changed fingerprint", rc, j, 6, "fingerprint_mismatch", 2)
 
+    # Records of another fingerprint (bf16 matmul weights): a mismatch on the f32 engine, clean
+    # on the bf16 one.
+    bf16 = c.write(c.generate(["--prompt", "Once upon a time", "-n", "2", "--temperature", "0.8",
+                               "--max-tokens", "32", "--weights", "bf16"]))
+    rc, j = c.audit(bf16, "rescore")
+    check(rc == 2 and verdicts(j) == ["fingerprint_mismatch"] * 2,
+          f"bf16 records on f32: exit status {rc}, verdicts {verdicts(j)}")
+    for mode in ("rescore", "rerun"):
+        rc, j = c.audit(bf16, mode, extra=["--weights", "bf16"])
+        all_identical(f"bf16 records with --weights bf16 ({mode})", rc, j, 2)
+
     # Every required field removed in turn, and a line that is not JSON.
     required = ["record_version", "sample_index", "prompt_ids", "ids", "mask", "logprob_bits",
                 "sampling", "seed", "weight_versions", "fingerprint"]

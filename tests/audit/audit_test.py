@@ -280,6 +280,19 @@ def traj_key(t):
     return (t.group_id, t.prompt_index, t.sample_index)
 
 
+def dir_digest(d):
+    """sha256 of every file's bytes under d (LMDB's lock file excluded: readers may write it)."""
+    import hashlib
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(d)):
+        if name == "lock.mdb":
+            continue
+        h.update(name.encode())
+        with open(os.path.join(d, name), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
 def wait_for_tokens(client, group, n, timeout=60.0):
     """Reads the group's streamed chunks until n tokens arrived (then the caller kills)."""
     deadline = time.time() + timeout
@@ -342,6 +355,7 @@ def test_service(c, trajectories):
     srv.kill9()
     cl.close()
 
+    before = dir_digest(data)
     rc, out, err = run([c.bitroll, "audit", "export", "--data-dir", data])
     check(rc == 0, f"audit export: exit status {rc}: {err}")
     recs = [json.loads(line) for line in out.splitlines() if line.strip()]
@@ -368,6 +382,7 @@ def test_service(c, trajectories):
         all_identical(f"data directory ({mode})", rc, j, len(recs))
         print(f"  audit --data-dir {mode}: {j['trajectories']} trajectories, "
               f"{j['tokens_checked']} tokens, exit {rc}")
+    check(dir_digest(data) == before, "audit export or audit --data-dir changed the data directory")
     # A tool result edited (its stdout), and an injected token changed: both caught at the
     # injected tokens of the turn the result opens, in both modes.
     k = next((i for i, r in enumerate(recs) if 0 in r["mask"] and r["tool_calls"]

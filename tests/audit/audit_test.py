@@ -381,7 +381,8 @@ def test_service(c, trajectories):
         rc, j = c.audit(data, mode)
         all_identical(f"data directory ({mode})", rc, j, len(recs))
         print(f"  audit --data-dir {mode}: {j['trajectories']} trajectories, "
-              f"{j['tokens_checked']} tokens, exit {rc}")
+              f"{j['tokens_checked']} tokens in {j['engine_seconds']:.2f} s of engine time "
+              f"({j['tokens_per_second']:.0f} tok/s), exit {rc}")
     check(dir_digest(data) == before, "audit export or audit --data-dir changed the data directory")
     # A tool result edited (its stdout), and an injected token changed: both caught at the
     # injected tokens of the turn the result opens, in both modes.

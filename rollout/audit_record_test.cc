@@ -28,7 +28,13 @@ TrajectoryRecord Sample() {
   r.mask = {1, 1, 0, 0, 1};
   r.logprob_bits = {0xbf800000u, 0x80000000u, 0, 0, 0x7fc00001u};  // -1, -0, NaN with payload
   r.turn_begins = {0, 2};
-  r.tool_calls.push_back({0, 2, "echo", "hi", true, 0, "hi\n", "", ""});
+  RecordToolCall c;
+  c.token_index = 2;
+  c.name = "echo";
+  c.input = "hi";
+  c.has_result = true;
+  c.stdout_data = "hi\n";
+  r.tool_calls.push_back(c);
   r.temperature = 0.7f;
   r.top_k = 40;
   r.top_p = 0.95f;
@@ -98,6 +104,52 @@ TEST(AuditRecordTest, MissingFieldsAreNamedNeverThrown) {
   j["record_version"] = 2;
   EXPECT_EQ(RecordFromJson(j).status().code(), ErrorCode::kUnsupported);
   EXPECT_FALSE(RecordFromJson(nlohmann::json::array()).ok());
+}
+
+// Every field (and every field of the nested objects) replaced by a value of every other type:
+// an error or a record, never an exception.
+TEST(AuditRecordTest, WrongTypesNeverThrow) {
+  const nlohmann::json base = RecordToJson(Sample());
+  const std::vector<nlohmann::json> values = {nullptr,
+                                              true,
+                                              -1,
+                                              4294967296ll,
+                                              18446744073709551615ull,
+                                              1.5,
+                                              "x",
+                                              "zz",
+                                              nlohmann::json::array(),
+                                              nlohmann::json::array({1, "a", nullptr}),
+                                              nlohmann::json::object(),
+                                              nlohmann::json::object({{"a", 1}})};
+  int refused = 0, cases = 0;
+  auto try_one = [&](const nlohmann::json& j) {
+    ++cases;
+    EXPECT_NO_THROW({
+      Result<TrajectoryRecord> r = RecordFromJson(j);
+      refused += r.ok() ? 0 : 1;
+    }) << j.dump();
+  };
+  for (const auto& [key, _] : base.items()) {
+    for (const nlohmann::json& v : values) {
+      nlohmann::json j = base;
+      j[key] = v;
+      try_one(j);
+      if (base[key].is_object()) {
+        for (const auto& [sub, __] : base[key].items()) {
+          nlohmann::json k = base;
+          k[key][sub] = v;
+          try_one(k);
+        }
+      }
+      if (base[key].is_array() && !base[key].empty()) {
+        nlohmann::json k = base;
+        k[key][0] = v;
+        try_one(k);
+      }
+    }
+  }
+  EXPECT_GT(refused, cases / 3);  // most replacements are refused (the test can fail)
 }
 
 TEST(AuditRecordTest, UlpDistance) {

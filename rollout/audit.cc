@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -28,6 +29,8 @@ const char* VerdictName(VerdictKind k) {
       return "incomplete";
     case VerdictKind::kError:
       return "error";
+    case VerdictKind::kTolerance:
+      return "tolerance_report";
   }
   return "error";
 }
@@ -58,6 +61,14 @@ nlohmann::json VerdictToJson(const AuditVerdict& v) {
                       {"verdict", VerdictName(v.kind)},
                       {"tokens_checked", v.tokens_checked}};
   if (!v.detail.empty()) j["detail"] = v.detail;
+  if (v.tolerance) {
+    j["tolerance"] = {{"bitwise", false},
+                      {"tokens", v.tolerance->total},
+                      {"ids_agree", v.tolerance->agreeing},
+                      {"compared", v.tolerance->compared},
+                      {"max_abs_logprob_diff", v.tolerance->max_abs_diff},
+                      {"mean_abs_logprob_diff", v.tolerance->mean_abs_diff}};
+  }
   if (v.divergence) {
     const Divergence& d = *v.divergence;
     j["divergence"] = {{"token", d.token},
@@ -225,17 +236,23 @@ std::optional<Divergence> CheckToolResults(const TrajectoryRecord& r, const engi
 }  // namespace
 
 Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
-                                               const std::vector<AuditItem>& items, AuditMode mode,
-                                               AuditStats* stats,
+                                               const std::vector<AuditItem>& items,
+                                               const AuditOptions& options, AuditStats* stats,
                                                const std::function<void(int64_t)>& progress) {
   const engine::ModelInfo& info = e.info();
+  const AuditMode mode = options.mode;
   std::vector<AuditVerdict> verdicts(items.size());
+  std::map<size_t, ToleranceReport> by_value;  // records audited by value, not bits
   std::vector<std::vector<int32_t>> prompts(items.size());
   std::vector<Job> jobs;
   std::vector<int> pending(items.size(), 0);
   std::map<size_t, Divergence> first_tool;  // injected tokens that do not match their result
   for (size_t i = 0; i < items.size(); ++i) {
     verdicts[i] = Precheck(items[i], i, info);
+    if (options.tolerance && verdicts[i].kind == VerdictKind::kFingerprintMismatch) {
+      verdicts[i].kind = VerdictKind::kIdentical;  // audited, then reported by value
+      by_value[i] = ToleranceReport{};
+    }
     if (verdicts[i].kind != VerdictKind::kIdentical) continue;
     const TrajectoryRecord& r = items[i].record;
     Result<std::vector<int32_t>> p = PromptIds(r, e);
@@ -303,7 +320,22 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
         v.kind = VerdictKind::kError;
         v.detail = "cannot audit: the engine failed the trajectory: " + o.error.ToString();
       } else {
-        for (int32_t k = 0; k < j.count; ++k) {
+        auto tol = by_value.find(j.item);
+        for (int32_t k = 0; k < j.count && tol != by_value.end(); ++k) {
+          const int32_t t = j.begin + k;
+          if (r.mask[t] == 0) continue;
+          ToleranceReport& tr = tol->second;
+          const bool have = k < static_cast<int32_t>(o.logprobs.size()) &&
+                            k < static_cast<int32_t>(o.tokens.size());
+          if (!have || o.tokens[k] != r.ids[t]) break;  // rerun: the ids part here
+          const double d = std::fabs(static_cast<double>(o.logprobs[k]) -
+                                     static_cast<double>(BitsFloat(r.logprob_bits[t])));
+          tr.max_abs_diff = std::max(tr.max_abs_diff, d);
+          tr.mean_abs_diff += d;  // a sum until the end
+          ++tr.compared;
+          ++tr.agreeing;
+        }
+        for (int32_t k = 0; k < j.count && tol == by_value.end(); ++k) {
           const int32_t t = j.begin + k;
           if (r.mask[t] == 0) continue;  // injected: forced, not compared
           const bool have = k < static_cast<int32_t>(o.logprobs.size());
@@ -336,6 +368,26 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
   if (stats) {
     stats->engine_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  for (auto& [item, tr] : by_value) {
+    AuditVerdict& v = verdicts[item];
+    if (v.kind != VerdictKind::kIdentical) continue;
+    tr.total = v.tokens_checked;
+    if (tr.compared > 0) tr.mean_abs_diff /= static_cast<double>(tr.compared);
+    v.kind = VerdictKind::kTolerance;
+    v.tolerance = tr;
+    char buf[320];
+    std::snprintf(buf, sizeof(buf),
+                  "NOT BITWISE: record fingerprint (kernel %u, chunk %u, backend %s) vs this "
+                  "engine's (backend %s): %s %lld of %lld sampled tokens; over those, "
+                  "max |dlogprob| %.3g, mean %.3g",
+                  items[item].record.kernel_version, items[item].record.attention_chunk,
+                  items[item].record.backend.c_str(), info.fingerprint.backend.c_str(),
+                  mode == AuditMode::kRerun ? "re-run ids agree on" : "re-scored",
+                  static_cast<long long>(tr.agreeing), static_cast<long long>(tr.total),
+                  tr.max_abs_diff, tr.mean_abs_diff);
+    v.detail = buf;
+    first.erase(item);
   }
   for (auto& [item, d] : first) {
     AuditVerdict& v = verdicts[item];

@@ -56,8 +56,10 @@ enum class VerdictKind : uint8_t {
   kWeightsUnavailable = 3,
   kIncomplete = 4,
   kError = 5,
+  kTolerance = 6,  // AuditOptions::tolerance: another fingerprint, compared by value, not bits
 };
-// "identical", "diverged", "fingerprint_mismatch", "weights_unavailable", "incomplete", "error".
+// "identical", "diverged", "fingerprint_mismatch", "weights_unavailable", "incomplete", "error",
+// "tolerance_report".
 const char* VerdictName(VerdictKind k);
 
 struct Divergence {
@@ -76,6 +78,15 @@ struct Divergence {
   std::vector<std::pair<int32_t, double>> top5;
 };
 
+// A record of another numerics fingerprint compared by value (AuditOptions::tolerance).
+struct ToleranceReport {
+  int64_t compared = 0;     // sampled tokens whose logprobs were compared (ids equal)
+  int64_t agreeing = 0;     // rerun: tokens whose ids agree before the first that does not
+  int64_t total = 0;        // sampled tokens in the record
+  double max_abs_diff = 0;  // max |recorded - recomputed logprob|
+  double mean_abs_diff = 0;
+};
+
 struct AuditVerdict {
   size_t index = 0;  // the record's place in the input (0-based)
   uint64_t group_id = 0;
@@ -84,7 +95,16 @@ struct AuditVerdict {
   VerdictKind kind = VerdictKind::kIdentical;
   std::string detail;  // why, for every verdict but kIdentical
   std::optional<Divergence> divergence;
+  std::optional<ToleranceReport> tolerance;
   int64_t tokens_checked = 0;  // sampled tokens compared
+};
+
+struct AuditOptions {
+  AuditMode mode = AuditMode::kRescore;
+  // Records whose fingerprint differs from the engine's (same weights hash): instead of
+  // kFingerprintMismatch, recompute them and report by value (kTolerance): max and mean
+  // |delta logprob| and, in rerun, how many ids agree. Clearly not a bitwise verdict.
+  bool tolerance = false;
 };
 
 // One input line: a parsed record, or why it could not be parsed (a kIncomplete verdict).
@@ -103,8 +123,8 @@ struct AuditStats {
 // Returns one verdict per item, in input order. Errors: only an engine failure (Step() failing);
 // every problem of one record is its verdict.
 Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& engine,
-                                               const std::vector<AuditItem>& items, AuditMode mode,
-                                               AuditStats* stats,
+                                               const std::vector<AuditItem>& items,
+                                               const AuditOptions& options, AuditStats* stats,
                                                const std::function<void(int64_t)>& progress = {});
 
 // The exit status of `bitroll audit`: 0 when every verdict is kIdentical, 1 when any is kDiverged,

@@ -156,6 +156,7 @@ struct AuditFlags {
   int32_t trace_position = -1;
   int64_t record = 0;
   std::string weights = "f32";
+  bool tolerance = false;
 };
 
 // The engine of the audit: OpenEngine, or a CPU engine with bf16 matmul weights (--weights bf16,
@@ -249,6 +250,10 @@ int CmdAudit(int argc, char** argv) {
             "that differs)",
             "POS");
   p.Integer("--record", &f.record, "the record --trace-layers traces (0-based, default 0)", "K");
+  p.Flag("--tolerance", &f.tolerance,
+         "records of another numerics fingerprint (GPU, bf16) are recomputed and reported by "
+         "value (max |delta logprob|, id agreement), labelled not bitwise, instead of "
+         "fingerprint_mismatch");
   p.Group("Engine (none of these changes a bit)");
   p.String("--device", &f.eo.device, "cpu|cuda (default cpu)", "NAME");
   p.Integer("--threads", &f.eo.threads, "kernel threads (default 1)");
@@ -283,7 +288,9 @@ int CmdAudit(int argc, char** argv) {
   }
   if (!s.ok()) return UsageError("audit", s);
   f.eo.kv_cache_bytes = f.kv_cache_mb * (int64_t{1} << 20);
-  const AuditMode mode = f.mode == "rerun" ? AuditMode::kRerun : AuditMode::kRescore;
+  AuditOptions ao;
+  ao.mode = f.mode == "rerun" ? AuditMode::kRerun : AuditMode::kRescore;
+  ao.tolerance = f.tolerance;
 
   Result<std::vector<AuditItem>> items =
       f.file.empty() ? ReadWalItems(f.data_dir) : ReadFileItems(f.file);
@@ -302,7 +309,7 @@ int CmdAudit(int argc, char** argv) {
   progress.emplace("bitroll audit", static_cast<int64_t>(items->size()),
                    ProgressUnit{"trajectories", 1});
   Result<std::vector<AuditVerdict>> verdicts =
-      AuditRecords(**e, *items, mode, &stats, [&](int64_t done) { progress->Update(done); });
+      AuditRecords(**e, *items, ao, &stats, [&](int64_t done) { progress->Update(done); });
   progress->Finish();
   if (!verdicts.ok()) {
     std::fprintf(stderr, "bitroll audit: %s\n", verdicts.status().ToString().c_str());
@@ -328,7 +335,7 @@ int CmdAudit(int argc, char** argv) {
     }
     v.detail += s;
   }
-  int counts[6] = {0, 0, 0, 0, 0, 0};
+  int counts[7] = {0, 0, 0, 0, 0, 0, 0};
   for (const AuditVerdict& v : *verdicts) ++counts[static_cast<int>(v.kind)];
   const int rc = AuditExitStatus(*verdicts);
   const double tps = stats.engine_seconds > 0 ? stats.tokens_checked / stats.engine_seconds : 0;
@@ -340,7 +347,7 @@ int CmdAudit(int argc, char** argv) {
     j["verdicts"] = nlohmann::json::array();
     for (const AuditVerdict& v : *verdicts) j["verdicts"].push_back(VerdictToJson(v));
     nlohmann::json c;
-    for (int k = 0; k < 6; ++k) c[VerdictName(static_cast<VerdictKind>(k))] = counts[k];
+    for (int k = 0; k < 7; ++k) c[VerdictName(static_cast<VerdictKind>(k))] = counts[k];
     j["counts"] = c;
     j["trajectories"] = verdicts->size();
     j["tokens_checked"] = stats.tokens_checked;
@@ -352,9 +359,11 @@ int CmdAudit(int argc, char** argv) {
     PrintTable(*verdicts);
     std::printf(
         "bitroll audit (%s, weights %s): %zu trajectories: %d identical, %d diverged, %d "
-        "fingerprint mismatch, %d weights unavailable, %d incomplete, %d errors\n",
+        "fingerprint mismatch, %d weights unavailable, %d incomplete, %d errors",
         f.mode.c_str(), hash.c_str(), verdicts->size(), counts[0], counts[1], counts[2], counts[3],
         counts[4], counts[5]);
+    if (counts[6] > 0) std::printf(", %d tolerance reports (NOT bitwise)", counts[6]);
+    std::printf("\n");
   }
   std::cout.flush();
   std::fprintf(stderr,

@@ -220,6 +220,17 @@ def test_generate_and_tampering(c):
     for mode in ("rescore", "rerun"):
         rc, j = c.audit(bf16, mode, extra=["--weights", "bf16"])
         all_identical(f"bf16 records with --weights bf16 ({mode})", rc, j, 2)
+    # --tolerance: the same bf16 records on the f32 engine, reported by value and labelled.
+    for mode in ("rescore", "rerun"):
+        rc, j = c.audit(bf16, mode, extra=["--tolerance"])
+        tol = [v.get("tolerance") or {} for v in j["verdicts"]]
+        check(rc == 2 and verdicts(j) == ["tolerance_report"] * 2 and
+              all(t.get("bitwise") is False and t.get("max_abs_logprob_diff", 0) > 0 and
+                  t.get("compared", 0) > 0 for t in tol) and
+              "NOT BITWISE" in j["verdicts"][0].get("detail", ""),
+              f"bf16 records with --tolerance ({mode}): exit {rc}, {verdicts(j)}, {tol}")
+    rc, j = c.audit(clean, "rescore", extra=["--tolerance"])
+    all_identical("--tolerance leaves same-fingerprint records bitwise", rc, j, 9)
 
     # Every required field removed in turn, and a line that is not JSON.
     required = ["record_version", "sample_index", "prompt_ids", "ids", "mask", "logprob_bits",

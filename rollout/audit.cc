@@ -371,7 +371,8 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
   }
   for (auto& [item, tr] : by_value) {
     AuditVerdict& v = verdicts[item];
-    if (v.kind != VerdictKind::kIdentical) continue;
+    // An edited tool result does not depend on the fingerprint: it stays a divergence.
+    if (v.kind != VerdictKind::kIdentical || first_tool.count(item) != 0) continue;
     tr.total = v.tokens_checked;
     if (tr.compared > 0) tr.mean_abs_diff /= static_cast<double>(tr.compared);
     v.kind = VerdictKind::kTolerance;

@@ -9,13 +9,13 @@
 //     recorded logprob is a placeholder 0). Re-scoring checks that these weights give these
 //     logprobs to these tokens; it cannot check the seed or sample index (a logprob does not
 //     depend on the noise), which re-running does.
-//   Both modes also re-derive every injected tool result (when the record has its
-//     tool_result_template and the model a tokenizer): the template filled with the call's
-//     recorded result (rollout/tool_call.h ResultText), encoded without BOS, must be the recorded
-//     injected tokens; else kDiverged at the first injected token that differs.
 //   kRerun: every model turn regenerated from the recorded seed, sample index and sampling
 //     parameters, its context (earlier turns and injected tool results) taken from the record;
 //     ids and logprob bits compared. The turn's token budget is the recorded turn's length.
+// Both modes also re-derive every injected tool result (when the record has its
+// tool_result_template and the model a tokenizer): the template filled with the call's recorded
+// result (rollout/tool_call.h ResultText), encoded without BOS, must be the recorded injected
+// tokens; else kDiverged at the first injected token that differs.
 // All trajectories go through the engine together (batch invariance makes that safe).
 //
 // Verdicts: kIdentical; kDiverged (the first differing token: turn, index, absolute position,
@@ -23,7 +23,8 @@
 // record's kernel version, attention chunk or backend is not this engine's: bits are not
 // promised equal); kWeightsUnavailable (the record's weights hash is not the model's, or its tokens
 // span several weight versions); kIncomplete (the record lacks a field: "cannot audit: missing
-// X"); kError (the engine refused the trajectory, e.g. a token outside the vocabulary).
+// X"); kError (the engine refused the trajectory, e.g. a token outside the vocabulary);
+// kTolerance (AuditOptions::tolerance: another fingerprint, compared by value, NOT bitwise).
 //
 // Thread-safety: AuditRecords drives the engine from the calling thread; an Engine is not
 // thread-safe, so nothing else may use it meanwhile.

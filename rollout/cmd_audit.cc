@@ -254,7 +254,7 @@ int CmdAudit(int argc, char** argv) {
          "records of another numerics fingerprint (GPU, bf16) are recomputed and reported by "
          "value (max |delta logprob|, id agreement), labelled not bitwise, instead of "
          "fingerprint_mismatch");
-  p.Group("Engine (none of these changes a bit)");
+  p.Group("Engine (none of these changes a bit, except --device and --weights)");
   p.String("--device", &f.eo.device, "cpu|cuda (default cpu)", "NAME");
   p.Integer("--threads", &f.eo.threads, "kernel threads (default 1)");
   p.String("--isa", &f.eo.isa, "auto|scalar|avx2|avx512 (default auto)", "NAME");

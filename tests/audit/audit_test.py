@@ -318,7 +318,7 @@ def test_service(c, trajectories):
     srv = oc.Server(c.bitroll, c.model, data_dir=data, replicas=2).start()
     cid = "audit-test-client"
     got = {}
-    cl = oc.bc.Client(srv.endpoint, timeout_ms=60000, client_id=cid)
+    cl = oc.bitroll.Client(srv.endpoint, timeout_ms=60000, client_id=cid)
     plain = cl.submit([[1, 403, 407], [1, 10, 20, 30]], n=4, params={"temperature": 0.9},
                       seed=11, max_tokens=64, group_id=1)
     for t in plain.result():
@@ -350,7 +350,7 @@ def test_service(c, trajectories):
     srv.kill9()
     cl.close()
     srv.start()
-    cl = oc.bc.Client(srv.endpoint, timeout_ms=120000, client_id=cid)
+    cl = oc.bitroll.Client(srv.endpoint, timeout_ms=120000, client_id=cid)
     resumed = cl.submit(long_prompts, n=4, params={"temperature": 0.8}, seed=77, max_tokens=400,
                         stop_at_eos=False, group_id=3)
     for t in resumed.result():

@@ -286,7 +286,7 @@ Result<StepResult> CpuEngine::Step() {
         ++s->cost.decode_tokens;
         ++totals_.decode_tokens;
       } else {
-        ++s->cost.prefill_tokens_computed;
+        ++s->cost.prefill_computed;
         ++totals_.prefill_tokens_computed;
       }
     }

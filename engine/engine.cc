@@ -10,24 +10,6 @@
 
 namespace bitroll::engine {
 
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kEos:
-      return "eos";
-    case FinishReason::kAborted:
-      return "aborted";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
 Result<std::unique_ptr<Engine>> OpenEngine(const EngineOptions& options) {
   // The device first: a wrong or absent device fails fast, before the model is read.
   BR_RETURN_IF_ERROR(CheckDevice(options.device));

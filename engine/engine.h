@@ -17,18 +17,11 @@
 #include <vector>
 
 #include "schema/status.h"
+#include "schema/vocab.h"
 
 namespace bitroll::engine {
 
-// Sampling parameters, applied in this fixed order: temperature, top-k, top-p, min-p, then
-// Gumbel-max over the survivors with Philox noise keyed on (seed, sample_index, position, id).
-struct SamplingParams {
-  float temperature = 1.0f;  // 0 = greedy (argmax, ties to the lowest id)
-  int32_t top_k = 0;         // 0 = off
-  float top_p = 1.0f;        // 1 = off
-  float min_p = 0.0f;        // 0 = off
-  uint64_t seed = 0;
-};
+// SamplingParams, FinishReason, Cost and NumericsFingerprint: schema/vocab.h.
 
 struct StopParams {
   int32_t max_tokens = 256;       // generated tokens (forced ones count) before kLength
@@ -49,25 +42,6 @@ struct SequenceRequest {
   uint64_t group_id = 0;  // samples of one group share the prompt's KV blocks
 };
 
-enum class FinishReason : uint8_t {
-  kNone = 0,     // still running
-  kLength = 1,   // max_tokens reached or the model's context is full
-  kStop = 2,     // a stop id was sampled
-  kEos = 3,      // EOS (or BOS under stop_at_bos) was sampled
-  kAborted = 4,  // Abort() was called
-  kError = 5,    // see SequenceOutput::error
-};
-const char* FinishReasonName(FinishReason r);
-
-// What one sequence consumed. engine_seconds shares each step's wall time among the sequences in
-// that step, in proportion to the tokens each one processed.
-struct SequenceCost {
-  int64_t prefill_tokens_computed = 0;
-  int64_t prefill_tokens_cached = 0;
-  int64_t decode_tokens = 0;
-  double engine_seconds = 0.0;
-};
-
 struct SequenceOutput {
   uint64_t id = 0;
   std::vector<int32_t> tokens;  // forced tokens, then sampled ones
@@ -75,7 +49,7 @@ struct SequenceOutput {
                                 // full distribution (temperature 0 scores at temperature 1)
   FinishReason finish = FinishReason::kNone;
   Status error;
-  SequenceCost cost;
+  Cost cost;  // the engine fills prefill_computed, prefill_cached, decode_tokens, engine_seconds
   // The weight version that produced each token span: span i covers tokens
   // [versions[i].begin, versions[i+1].begin). One span unless weights changed mid-sequence.
   struct VersionSpan {
@@ -99,15 +73,6 @@ struct StepResult {
   std::vector<SequenceOutput> finished;  // sequences that finished in this step
   int64_t tokens_processed = 0;          // prefill + decode tokens run through the model
   double seconds = 0.0;
-};
-
-// Identifies the numerics: equality of results is promised within one fingerprint.
-struct NumericsFingerprint {
-  uint64_t weights_hash = 0;
-  uint32_t kernel_version = 0;
-  uint32_t attention_chunk = 0;  // S
-  std::string backend;           // "cpu", "cpu-bf16" or "cuda" (ISA is not part of it: all CPU ISAs
-                        // give equal bits; GPU models are, see engine/cuda/cuda_transformer.h)
 };
 
 // The KV budget of EngineOptions::kv_cache_bytes = 0, for a model whose full-context sequence

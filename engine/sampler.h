@@ -54,11 +54,7 @@ struct SampleResult {
   float logprob = 0.0f;
 };
 
-// The smallest positive temperature accepted. 0 means greedy; a temperature in (0, 1e-6) is
-// refused with kInvalidArgument (here, in the wire's ValidateSubmit and by `bitroll generate`):
-// logits / T overflows fp32 for ordinary logits (NaN logprobs), and such a distribution's
-// logprobs are all about 0 or -inf, which no trainer can use. Pass 0 for greedy decoding.
-inline constexpr float kMinTemperature = 1e-6f;
+// kMinTemperature (the smallest positive temperature accepted) is in schema/vocab.h.
 
 // OK when temperature is 0 or in [kMinTemperature, FLT_MAX], top_k >= 0, 0 < top_p <= 1 and
 // 0 <= min_p <= 1.

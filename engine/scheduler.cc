@@ -220,7 +220,7 @@ std::vector<ScheduledChunk> Scheduler::Plan(const std::vector<Sequence*>& live) 
       if (pass == 1) {
         s->running = true;
         ++running;
-        s->cost.prefill_tokens_cached += s->n_cached;
+        s->cost.prefill_cached += s->n_cached;
         stats_.prefill_tokens_cached += s->n_cached;
       }
       chunks.push_back({s, s->n_cached, count});

@@ -26,7 +26,7 @@ struct Sequence {
   int32_t n_committed = 0;
   FinishReason finish = FinishReason::kNone;
   Status error;
-  SequenceCost cost;
+  Cost cost;
   std::vector<SequenceOutput::VersionSpan> versions;
 
   // Rows still to run through the model before the next token can be chosen.

@@ -164,29 +164,6 @@ std::vector<NamedTensor> TensorManifest(const ModelWeights& w) {
   return out;
 }
 
-Result<kernels::DType> ParseDType(std::string_view s) {
-  if (s == "f32") return kernels::DType::kF32;
-  if (s == "f16") return kernels::DType::kF16;
-  if (s == "bf16") return kernels::DType::kBF16;
-  return Status::InvalidArgument("unknown dtype '" + std::string(s) + "' (f32, f16 or bf16)");
-}
-
-std::string_view DTypeName(kernels::DType d) {
-  switch (d) {
-    case kernels::DType::kF16:
-      return "f16";
-    case kernels::DType::kBF16:
-      return "bf16";
-    case kernels::DType::kF32:
-      break;
-  }
-  return "f32";
-}
-
-size_t DTypeSize(kernels::DType d) {
-  return d == kernels::DType::kF32 ? 4 : 2;
-}
-
 WeightStager::WeightStager(std::shared_ptr<const ModelWeights> base)
     : base_(std::move(base)), next_(*base_) {
   ForEachSlot(next_, [&](std::string name, Tensor* t) {

@@ -40,10 +40,7 @@ struct NamedTensor {
 };
 std::vector<NamedTensor> TensorManifest(const ModelWeights& w);
 
-// Parses "f32" / "f16" / "bf16". Errors: kInvalidArgument naming the string.
-Result<kernels::DType> ParseDType(std::string_view s);
-std::string_view DTypeName(kernels::DType d);
-size_t DTypeSize(kernels::DType d);
+// ParseDType ("f32" / "f16" / "bf16"), DTypeName, DTypeSize: schema/vocab.h.
 
 // A slice of one tensor as sent: bytes [offset, offset + data.size()) of the tensor in `dtype`.
 struct TensorSlice {

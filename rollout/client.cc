@@ -25,15 +25,15 @@ TrajectoryResult FromWire(const wire::Trajectory& t) {
   r.sample_index = t.sample_index();
   if (t.ids()) r.ids.assign(t.ids()->begin(), t.ids()->end());
   if (t.logprobs()) r.logprobs.assign(t.logprobs()->begin(), t.logprobs()->end());
-  r.finish = t.finish();
+  r.finish = static_cast<FinishReason>(t.finish());
   r.turns = t.turns();
   if (t.versions()) {
     for (const wire::VersionSpan* v : *t.versions())
       r.versions.emplace_back(v->begin(), v->version());
   }
   if (const auto* f = t.fingerprint()) {
-    r.weights_hash = f->weights_hash();
-    r.backend = f->backend() ? f->backend()->str() : "";
+    r.fingerprint = {f->weights_hash(), f->kernel_version(), f->attention_chunk(),
+                     f->backend() ? f->backend()->str() : ""};
   }
   r.cost = CostFromWire(t.cost());
   r.replica = t.replica() ? t.replica()->str() : "";
@@ -45,7 +45,7 @@ TrajectoryResult FromWire(const wire::Trajectory& t) {
       ToolCallResult o;
       o.name = c->name() ? c->name()->str() : "";
       o.input = c->input() ? c->input()->str() : "";
-      o.tier = c->tier();
+      o.tier = static_cast<ToolTier>(c->tier());
       o.exit_status = c->exit_status();
       o.output = c->output() ? c->output()->str() : "";
       o.output_truncated = c->output_truncated();
@@ -119,7 +119,7 @@ std::string EncodeSubmit(const SubmitRequest& q, uint64_t request_id, std::strin
     auto lim = wire::CreateToolLimits(fbb, t.wall_ms, t.cpu_ms, t.memory_bytes, t.output_bytes,
                                       t.processes, t.network);
     tools.push_back(
-        wire::CreateToolSpec(fbb, fbb.CreateString(t.name), t.tier,
+        wire::CreateToolSpec(fbb, fbb.CreateString(t.name), static_cast<wire::ToolTier>(t.tier),
                              t.command_template.empty() ? 0 : fbb.CreateString(t.command_template),
                              t.function.empty() ? 0 : fbb.CreateString(t.function), lim));
   }
@@ -283,13 +283,13 @@ Result<uint64_t> Client::UpdateWeights(const std::string& path, uint64_t version
 }
 
 Result<size_t> WeightTensorBytes(const WeightTensor& t) {
-  BR_ASSIGN_OR_RETURN(kernels::DType dtype, engine::ParseDType(t.dtype));
+  BR_ASSIGN_OR_RETURN(kernels::DType dtype, ParseDType(t.dtype));
   size_t n = 1;
   for (int64_t d : t.shape) {
     if (d < 0) return Status::InvalidArgument("tensor " + t.name + " has a negative dimension");
     n *= static_cast<size_t>(d);
   }
-  return n * engine::DTypeSize(dtype);
+  return n * DTypeSize(dtype);
 }
 
 namespace {
@@ -339,7 +339,7 @@ Result<uint64_t> Client::UpdateWeightsStreamed(
     std::vector<flatbuffers::Offset<wire::TensorFrame>> frames;
     size_t budget = part_bytes;
     while (ti < tensors.size() && budget > 0) {
-      const size_t es = engine::DTypeSize(*engine::ParseDType(tensors[ti].dtype));
+      const size_t es = DTypeSize(*ParseDType(tensors[ti].dtype));
       size_t take = std::min(sizes[ti] - off, budget);
       if (take < sizes[ti] - off) take -= take % es;  // whole elements per slice
       if (take == 0 && sizes[ti] > 0) break;          // no room for one element: next part

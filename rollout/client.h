@@ -23,6 +23,7 @@
 
 #include "rollout/protocol.h"
 #include "schema/status.h"
+#include "schema/vocab.h"
 
 namespace bitroll::rollout {
 
@@ -38,7 +39,7 @@ struct ClientOptions {
 // A tool the model may call (docs/protocol.md "Tools"; wire::ToolSpec).
 struct ToolSpecInput {
   std::string name;
-  wire::ToolTier tier = wire::ToolTier_Function;
+  ToolTier tier = ToolTier::kFunction;
   std::string command_template;  // process/container/vm: argv template with "{input}"
   std::string function;          // function tier: "echo", "calc" or "append"
   uint32_t wall_ms = 10000;
@@ -49,16 +50,13 @@ struct ToolSpecInput {
   bool network = false;
 };
 
-struct SubmitRequest {
+// The sampling parameters (schema/vocab.h SamplingParams: temperature, top_k, top_p, min_p and
+// seed) are the request's base: q.temperature, q.seed, ... .
+struct SubmitRequest : SamplingParams {
   uint64_t group_id = 0;
   std::vector<std::vector<int32_t>> prompts;  // token ids ...
   std::vector<std::string> text_prompts;      // ... or text (tokenized by the replica); not both
   uint32_t n = 1;
-  float temperature = 1.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  uint64_t seed = 0;
   int32_t max_tokens = 256;
   int32_t max_turns = 1;
   std::vector<int32_t> stop_ids;
@@ -78,7 +76,7 @@ struct SubmitRequest {
 struct ToolCallResult {
   std::string name;
   std::string input;
-  wire::ToolTier tier = wire::ToolTier_Function;
+  ToolTier tier = ToolTier::kFunction;
   int32_t exit_status = -1;
   std::string output;  // the tool's stdout
   bool output_truncated = false;
@@ -94,12 +92,11 @@ struct TrajectoryResult {
   uint32_t sample_index = 0;
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
-  wire::FinishReason finish = wire::FinishReason_None;
+  FinishReason finish = FinishReason::kNone;
   int32_t turns = 0;
   std::vector<std::pair<int32_t, uint64_t>> versions;  // (first token, weight version)
-  uint64_t weights_hash = 0;
-  std::string backend;
-  CostInfo cost;
+  NumericsFingerprint fingerprint;
+  Cost cost;
   std::string replica;
   std::string client_tag;
   Status error;
@@ -123,7 +120,7 @@ struct GroupSummary {
   uint32_t trajectories = 0;
   uint32_t errors = 0;
   uint32_t aborted = 0;
-  CostInfo cost;
+  Cost cost;
 };
 
 struct ReplicaInfo {

@@ -149,7 +149,7 @@ void AddGenerateFlags(CliParser* p, GenerateFlags* f) {
 }
 
 // The checks that need no model: ranges and the sampling parameters. Errors: kInvalidArgument.
-Status CheckGenerateFlags(GenerateFlags* f, engine::SamplingParams* sp) {
+Status CheckGenerateFlags(GenerateFlags* f, SamplingParams* sp) {
   sp->temperature = ToFloat(f->temperature);
   sp->top_p = ToFloat(f->top_p);
   sp->min_p = ToFloat(f->min_p);
@@ -236,7 +236,7 @@ engine::SequenceRequest MakeRequest(const GenerateFlags& f, const engine::Sampli
 // Every prompt x sample goes into the engine at once; continuous batching does the rest. Returns
 // the finished sequences in id order; *generated counts the tokens; *t0: when the steps began.
 Result<std::vector<engine::SequenceOutput>> RunAll(engine::CpuEngine& e, const GenerateFlags& f,
-                                                   const engine::SamplingParams& sp,
+                                                   const SamplingParams& sp,
                                                    const std::vector<Prompt>& prompts,
                                                    int64_t* generated,
                                                    std::chrono::steady_clock::time_point* t0) {
@@ -319,8 +319,8 @@ nlohmann::json TrajectoryJson(const engine::ModelInfo& info, const engine::Sampl
   r.finish = engine::FinishReasonName(o.finish);
   nlohmann::json j = RecordToJson(r);
   if (have_text) j["text"] = text;
-  j["cost"] = {{"prefill_tokens_computed", o.cost.prefill_tokens_computed},
-               {"prefill_tokens_cached", o.cost.prefill_tokens_cached},
+  j["cost"] = {{"prefill_tokens_computed", o.cost.prefill_computed},
+               {"prefill_tokens_cached", o.cost.prefill_cached},
                {"decode_tokens", o.cost.decode_tokens},
                {"engine_seconds", o.cost.engine_seconds}};
   return j;
@@ -365,7 +365,7 @@ int CmdGenerate(int argc, char** argv) {
               "trajectories (text like llama2.c's run.c, or --json with ids, logprobs and their "
               "exact bits, finish reason, cost and the numerics fingerprint).");
   AddGenerateFlags(&p, &f);
-  engine::SamplingParams sp;
+  SamplingParams sp;
   Status s = p.Parse(argc, argv);
   if (s.ok() && p.help()) return PrintHelp(p);
   if (s.ok()) s = CheckGenerateFlags(&f, &sp);

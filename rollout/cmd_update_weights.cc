@@ -76,7 +76,7 @@ int CmdUpdateWeights(int argc, char** argv) {
     size_t bytes = 0;
     for (const engine::NamedTensor& t : engine::TensorManifest(*w)) {
       tensors.push_back(
-          {t.name, std::string(engine::DTypeName(t.tensor.dtype)), t.tensor.shape, t.tensor.data});
+          {t.name, std::string(DTypeName(t.tensor.dtype)), t.tensor.shape, t.tensor.data});
       bytes += static_cast<size_t>(t.tensor.size_bytes());
     }
     std::fprintf(stderr, "bitroll update-weights: streaming %zu tensors (%.1f MB) from %s\n",

@@ -69,7 +69,7 @@ void Coordinator::State::OnReplica(const std::string& identity, const zmq::messa
 
 void Coordinator::State::OnHello(const std::string& identity, const wire::Envelope* e) {
   const wire::ReplicaHello* h = e->msg_as_ReplicaHello();
-  engine::NumericsFingerprint fp;
+  NumericsFingerprint fp;
   if (const auto* f = h->fingerprint()) {
     fp.weights_hash = f->weights_hash();
     fp.kernel_version = f->kernel_version();
@@ -179,8 +179,8 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     works.erase(it);
     Group* g = w.group;
     g->live.erase(w.id);
-    const CostInfo turn_cost = CostFromWire(t->cost());
-    CostInfo cost = w.cost;
+    const Cost turn_cost = CostFromWire(t->cost());
+    Cost cost = w.cost;
     cost.Add(turn_cost);
     cost.queue_seconds = w.queue_seconds;
     cost.price_usd = cost.engine_seconds * options.price.replica_hour_usd / 3600.0 +

@@ -117,7 +117,7 @@ struct Coordinator::State {
     uint64_t group_id = 0;
     uint32_t total = 0, delivered = 0, errors = 0, aborted = 0, acked = 0;
     std::unordered_set<uint64_t> live;  // work ids not yet finished
-    CostInfo cost;
+    Cost cost;
     // WAL mode only.
     uint64_t serial = 0;         // the group's serial in the WAL (trajectory id prefix)
     bool detached = false;       // no client: deliveries wait for a re-attach (same group id)
@@ -138,7 +138,7 @@ struct Coordinator::State {
   struct Parked {
     uint64_t serial = 0, group_id = 0;
     uint32_t n = 0, total = 0, delivered = 0, errors = 0, aborted = 0, acked = 0;
-    CostInfo cost;
+    Cost cost;
     Clock::time_point since;
   };
   // Replies that hit the client's ZeroMQ high-water mark, per connection.
@@ -171,7 +171,7 @@ struct Coordinator::State {
     std::string inject;         // the current turn's result text until the replica's ids arrive
     std::vector<ToolOutcome> calls;
     bool tool_running = false;  // in the tool runner: neither queued nor dispatched
-    CostInfo cost;              // engine cost of the finished turns + sandbox cost
+    Cost cost;              // engine cost of the finished turns + sandbox cost
     // WAL recovery: the weights version of its last logged tokens; it is not dispatched while
     // the live version is older (0: no constraint; cleared once dispatched).
     uint64_t needs_version = 0;
@@ -268,7 +268,7 @@ struct Coordinator::State {
   // Queued work that waits for its Work::needs_version to be live (counted in `queued`).
   std::vector<uint64_t> waiting_weights;
   uint64_t weight_version = 0;
-  std::optional<engine::NumericsFingerprint> fingerprint;
+  std::optional<NumericsFingerprint> fingerprint;
   uint64_t trajectories_done = 0;
   int64_t total_cached = 0, total_computed = 0;
   RateMeter rate;
@@ -459,7 +459,7 @@ struct Coordinator::State {
 
   // The client Trajectory of a finished work item: its earlier turns, then t's tokens.
   void BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w, const wire::Trajectory& t,
-                  const CostInfo& cost, std::string_view replica);
+                  const Cost& cost, std::string_view replica);
 
   // ---- dispatch ----
 

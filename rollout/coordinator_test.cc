@@ -155,7 +155,7 @@ TEST(CoordinatorTest, BitIdenticalForAnyReplicaCountAndLoad) {
       const auto ref = Reference(q.prompts[t.prompt_index], q, t.sample_index);
       EXPECT_TRUE(SameBits(t, ref)) << t.prompt_index << "/" << t.sample_index;
       EXPECT_EQ(static_cast<int>(t.finish), static_cast<int>(ref.finish));
-      EXPECT_EQ(t.backend, "null");
+      EXPECT_EQ(t.fingerprint.backend, "null");
       EXPECT_FALSE(t.replica.empty());
     }
     // Prefix affinity: a prompt's samples share one replica; least-loaded spreads the prompts.
@@ -283,7 +283,7 @@ TEST(CoordinatorTest, BadInputGetsTypedErrorsAndServiceContinues) {
     auto ss = client->Run(q, kTimeoutMs);
     ASSERT_TRUE(ss.ok()) << ss.status().ToString();
     for (const auto& t : *ss) {
-      EXPECT_EQ(t.finish, wire::FinishReason_Error);
+      EXPECT_EQ(t.finish, FinishReason::kError);
       EXPECT_EQ(t.error.code(), ErrorCode::kUnsupported) << t.error.ToString();
     }
   }
@@ -293,7 +293,7 @@ TEST(CoordinatorTest, BadInputGetsTypedErrorsAndServiceContinues) {
   auto r = client->Run(q, kTimeoutMs);
   ASSERT_TRUE(r.ok());
   for (const auto& t : *r) {
-    EXPECT_EQ(t.finish, wire::FinishReason_Error);
+    EXPECT_EQ(t.finish, FinishReason::kError);
     EXPECT_EQ(t.error.code(), ErrorCode::kUnsupported);
   }
   // The service still serves good work.

@@ -31,7 +31,7 @@ bool Coordinator::State::ContinueToolLoop(Work* w, const wire::Trajectory& t) {
   if (w->turn >= m.max_turns() || w->sampled_base + n >= static_cast<uint32_t>(m.max_tokens())) {
     return false;
   }
-  const CostInfo tc = CostFromWire(t.cost());
+  const Cost tc = CostFromWire(t.cost());
   w->cost.Add(tc);
   const auto now = Clock::now();
   rate.Add(tc.decode_tokens, now);
@@ -59,7 +59,7 @@ bool Coordinator::State::ContinueToolLoop(Work* w, const wire::Trajectory& t) {
   ToolOutcome o;
   o.name = rc.name;
   o.input = rc.input;
-  o.tier = rc.spec ? static_cast<uint8_t>(rc.spec->tier()) : 0;
+  o.tier = rc.spec ? static_cast<ToolTier>(rc.spec->tier()) : ToolTier::kFunction;
   o.token_index = static_cast<int32_t>(w->ctx_ids.size());
   const auto index = static_cast<uint32_t>(w->calls.size());
   if (wal) CheckWal(wal->LogToolCall(w->id, ToWalCall(o, index)));
@@ -146,7 +146,7 @@ void Coordinator::State::OnInjected(Work* w, const flatbuffers::Vector<int32_t>&
 }
 
 void Coordinator::State::BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w,
-                                    const wire::Trajectory& t, const CostInfo& cost,
+                                    const wire::Trajectory& t, const Cost& cost,
                                     std::string_view replica) {
   TurnPrefix p;
   p.ids = w.ctx_ids;

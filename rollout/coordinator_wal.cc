@@ -23,7 +23,7 @@ void Coordinator::State::CheckWal(const Status& s) {
 void Coordinator::State::LogDispatch(Work* w) {
   Group* g = w->group;
   if (!w->header_logged) {
-    const engine::NumericsFingerprint fp = fingerprint.value_or(engine::NumericsFingerprint{});
+    const NumericsFingerprint fp = fingerprint.value_or(NumericsFingerprint{});
     CheckWal(wal->LogHeader(w->id, g->serial, w->sample_index, *g->submit, g->buffer,
                             weight_version, fp));
     w->header_logged = true;
@@ -106,7 +106,7 @@ void Coordinator::State::CommitAndDeliver() {
     if (git == groups.end()) continue;  // aborted meanwhile
     Group* g = git->second.get();
     const wire::Trajectory* t = wire::GetEnvelope(d.envelope.data())->msg_as_Trajectory();
-    CostInfo cost = CostFromWire(t->cost());
+    Cost cost = CostFromWire(t->cost());
     cost.wal_bytes = static_cast<int64_t>(wal->Bytes(d.traj));
     flatbuffers::FlatBufferBuilder fbb(d.envelope.size() + 64);
     BuildClientTrajectory(fbb, *t, {g->group_id, t->prompt_index(), t->sample_index()}, cost,
@@ -205,7 +205,7 @@ void Coordinator::State::PumpRedelivery() {
       if (!wal->Known(WalTrajId(g->serial, flat))) continue;  // acknowledged or aborted
       auto log = wal->Read(WalTrajId(g->serial, flat));
       if (log.ok() && log->finish) {
-        CostInfo cost;
+        Cost cost;
         cost.wal_bytes = static_cast<int64_t>(log->bytes);
         SendClient(client, BuildLoggedTrajectory(*log, at, cost, tag));
       } else if (!log.ok() && log.status().code() != ErrorCode::kNotFound) {
@@ -374,10 +374,9 @@ Status Coordinator::State::RecoverFromWal() {
         wal->counters.recovered_tokens += u->second->token_ids.size();
         AddWork(g, at.prompt_index, at.sample_index, u->second);
       } else if (auto f = finished.find(id); f != finished.end()) {
-        CostInfo cost;
+        Cost cost;
         cost.wal_bytes = static_cast<int64_t>(f->second->bytes);
-        const bool failed = f->second->finish && f->second->finish->reason ==
-                                                     static_cast<uint8_t>(wire::FinishReason_Error);
+        const bool failed = f->second->finish && f->second->finish->reason == FinishReason::kError;
         Deliver(g, flat, BuildLoggedTrajectory(*f->second, at, cost, tag), failed, cost.wal_bytes);
       } else if (auto q = quarantined.find(id); q != quarantined.end()) {
         Deliver(g, flat, BuildErrorTrajectory(at, q->second, tag), true, 0);

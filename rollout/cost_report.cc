@@ -28,7 +28,7 @@ std::string Fmt(const char* f, auto... args) {
   return buf;
 }
 
-json CostJson(const CostInfo& c) {
+json CostJson(const Cost& c) {
   return {{"prefill_computed", c.prefill_computed},
           {"prefill_cached", c.prefill_cached},
           {"decode_tokens", c.decode_tokens},
@@ -66,7 +66,7 @@ Result<std::vector<CostRow>> ParseCostRows(const std::string& jsonl,
     if (auto it = j.find("prompt_ids"); it != j.end() && it->is_array()) {
       r.prompt_tokens = static_cast<int64_t>(it->size());
     }
-    CostInfo& c = r.cost;
+    Cost& c = r.cost;
     c.prefill_computed = Num<int64_t>(cost, {"prefill_computed", "prefill_tokens_computed"}, 0);
     c.prefill_cached = Num<int64_t>(cost, {"prefill_cached", "prefill_tokens_cached"}, 0);
     int64_t generated = 0;
@@ -96,9 +96,9 @@ Result<std::vector<CostRow>> ParseCostRows(const std::string& jsonl,
 }
 
 Result<std::string> RenderCostReport(const std::vector<CostRow>& rows, const std::string& format) {
-  std::map<uint64_t, CostInfo> groups;
+  std::map<uint64_t, Cost> groups;
   std::map<uint64_t, int> group_n;
-  std::map<std::string, CostInfo> regimes;
+  std::map<std::string, Cost> regimes;
   std::map<std::string, int> regime_n;
   for (const CostRow& r : rows) {
     groups[r.group_id].Add(r.cost);
@@ -113,7 +113,7 @@ Result<std::string> RenderCostReport(const std::vector<CostRow>& rows, const std
         "prefill_cached,decode_tokens,engine_seconds,queue_seconds,sandbox_seconds,"
         "wal_bytes,price_usd\n";
     for (const CostRow& r : rows) {
-      const CostInfo& c = r.cost;
+      const Cost& c = r.cost;
       out += Fmt("%" PRIu64 ",%u,%u,%s,%d,%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
                  ",%.9f,%.9f,%.9f,%" PRId64 ",%.9f\n",
                  r.group_id, r.prompt_index, r.sample_index, r.regime.c_str(), r.turns,
@@ -148,7 +148,7 @@ Result<std::string> RenderCostReport(const std::vector<CostRow>& rows, const std
   out += Fmt(head, "group", "prompt", "sample", "regime", "computed", "cached", "decode",
              "engine s", "queue s", "price $");
   for (const CostRow& r : rows) {
-    const CostInfo& c = r.cost;
+    const Cost& c = r.cost;
     out +=
         Fmt(row, r.group_id, r.prompt_index, r.sample_index, r.regime.c_str(), c.prefill_computed,
             c.prefill_cached, c.decode_tokens, c.engine_seconds, c.queue_seconds, c.price_usd);

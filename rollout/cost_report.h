@@ -31,7 +31,7 @@ struct CostRow {
   int64_t prompt_tokens = 0;
   int32_t turns = 1;
   std::string regime;
-  CostInfo cost;
+  Cost cost;
 };
 
 struct CostReportOptions {

@@ -30,7 +30,7 @@ flatbuffers::Offset<wire::ToolCallInfo> CopyToolCallInfo(flatbuffers::FlatBuffer
 }
 
 void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Trajectory& t,
-                           const SampleAddress& at, const CostInfo& cost, std::string_view replica,
+                           const SampleAddress& at, const Cost& cost, std::string_view replica,
                            const flatbuffers::String* client_tag, const TurnPrefix* prefix) {
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> ids;
   flatbuffers::Offset<flatbuffers::Vector<float>> lps;

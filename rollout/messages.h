@@ -37,7 +37,7 @@ struct TurnPrefix {
 // (tool loop): the earlier turns go first, and turns / tool_calls come from it; without one,
 // t's mask and tool_calls are copied (a mask of ones when t has none).
 void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Trajectory& t,
-                           const SampleAddress& at, const CostInfo& cost, std::string_view replica,
+                           const SampleAddress& at, const Cost& cost, std::string_view replica,
                            const flatbuffers::String* client_tag,
                            const TurnPrefix* prefix = nullptr);
 

@@ -113,7 +113,7 @@ Result<engine::StepResult> NullEngine::Step() {
   worked.reserve(live_.size());
   for (auto& [id, s] : live_) {
     if (s->aborted) {
-      s->out.finish = engine::FinishReason::kAborted;
+      s->out.finish = FinishReason::kAborted;
       continue;
     }
     int64_t processed = 1;
@@ -123,11 +123,11 @@ Result<engine::StepResult> NullEngine::Step() {
       ++stats_.running;
       const auto n = static_cast<int64_t>(s->req.prompt.size());
       if (seen_groups_.count(s->req.group_id) && s->req.group_id != 0) {
-        s->out.cost.prefill_tokens_cached += n;
+        s->out.cost.prefill_cached += n;
         stats_.prefill_tokens_cached += n;
       } else {
         seen_groups_.insert(s->req.group_id);
-        s->out.cost.prefill_tokens_computed += n;
+        s->out.cost.prefill_computed += n;
         stats_.prefill_tokens_computed += n;
         processed += n - 1;
       }
@@ -150,7 +150,7 @@ Result<engine::StepResult> NullEngine::Step() {
       }
       if (!s->req.forced.empty() &&
           static_cast<int32_t>(s->out.tokens.size()) >= s->req.stop.max_tokens) {
-        s->out.finish = engine::FinishReason::kLength;
+        s->out.finish = FinishReason::kLength;
         worked.emplace_back(s.get(), processed);
         r.tokens_processed += processed;
         continue;
@@ -179,13 +179,13 @@ Result<engine::StepResult> NullEngine::Step() {
     r.tokens_processed += processed;
     const auto& stop = s->req.stop;
     if (eos && s->req.stop.stop_at_eos) {
-      s->out.finish = engine::FinishReason::kEos;
+      s->out.finish = FinishReason::kEos;
     } else if (std::find(stop.stop_ids.begin(), stop.stop_ids.end(), token) !=
                stop.stop_ids.end()) {
-      s->out.finish = engine::FinishReason::kStop;
+      s->out.finish = FinishReason::kStop;
     } else if (static_cast<int32_t>(s->out.tokens.size()) >= stop.max_tokens ||
                pos + 1 >= info_.max_seq_len) {
-      s->out.finish = engine::FinishReason::kLength;
+      s->out.finish = FinishReason::kLength;
     }
   }
   if (options_.step_delay_us > 0 && !worked.empty()) {
@@ -199,7 +199,7 @@ Result<engine::StepResult> NullEngine::Step() {
     }
   }
   for (auto it = live_.begin(); it != live_.end();) {
-    if (it->second->out.finish != engine::FinishReason::kNone) {
+    if (it->second->out.finish != FinishReason::kNone) {
       if (it->second->prefilled) {
         --stats_.running;
       } else {

@@ -62,7 +62,7 @@ TEST(NullEngineTest, MatchesDocumentedFormula) {
   ASSERT_TRUE(e.Add(Req(1, {4, 5, 6}, 2, 9, 5)).ok());
   auto out = RunAll(e)[1];
   ASSERT_EQ(out.tokens.size(), 5u);
-  EXPECT_EQ(out.finish, engine::FinishReason::kLength);
+  EXPECT_EQ(out.finish, FinishReason::kLength);
   const uint64_t ph = NullPromptHash({4, 5, 6});
   for (int k = 0; k < 5; ++k) {
     const uint64_t h = NullTokenHash(ph, 9, 2, false, 3 + k, 0);
@@ -92,7 +92,7 @@ TEST(NullEngineTest, ErrorsAndAbort) {
   EXPECT_EQ(e.Abort(2).code(), ErrorCode::kNotFound);
   ASSERT_TRUE(e.Abort(1).ok());
   auto out = RunAll(e);
-  EXPECT_EQ(out[1].finish, engine::FinishReason::kAborted);
+  EXPECT_EQ(out[1].finish, FinishReason::kAborted);
 }
 
 TEST(NullEngineTest, WeightUpdateSplitsVersionSpans) {

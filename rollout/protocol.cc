@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "engine/sampler.h"  // kMinTemperature
 
 namespace bitroll::rollout {
 
@@ -102,7 +101,7 @@ Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits)
     if (!std::isfinite(s->temperature()) || s->temperature() < 0.0f) {
       return Status::InvalidArgument("temperature must be finite and >= 0");
     }
-    if (s->temperature() > 0.0f && s->temperature() < engine::kMinTemperature) {
+    if (s->temperature() > 0.0f && s->temperature() < kMinTemperature) {
       // logits / T overflows fp32: every logprob would be NaN (0 is greedy).
       return Status::InvalidArgument("temperature must be 0 (greedy) or >= 1e-06, got " +
                                      FloatText(s->temperature()));
@@ -255,20 +254,8 @@ Status StatusFromWire(const wire::Error* e) {
   return Status(FromWire(e->code()), e->message() ? e->message()->str() : std::string());
 }
 
-void CostInfo::Add(const CostInfo& o) {
-  prefill_computed += o.prefill_computed;
-  prefill_cached += o.prefill_cached;
-  decode_tokens += o.decode_tokens;
-  engine_seconds += o.engine_seconds;
-  queue_seconds += o.queue_seconds;
-  sandbox_seconds += o.sandbox_seconds;
-  sandbox_cpu_seconds += o.sandbox_cpu_seconds;
-  wal_bytes += o.wal_bytes;
-  price_usd += o.price_usd;
-}
-
-CostInfo CostFromWire(const wire::Cost* c) {
-  CostInfo r;
+Cost CostFromWire(const wire::Cost* c) {
+  Cost r;
   if (c == nullptr) return r;
   r.prefill_computed = c->prefill_computed();
   r.prefill_cached = c->prefill_cached();
@@ -282,7 +269,7 @@ CostInfo CostFromWire(const wire::Cost* c) {
   return r;
 }
 
-flatbuffers::Offset<wire::Cost> BuildCost(flatbuffers::FlatBufferBuilder& fbb, const CostInfo& c) {
+flatbuffers::Offset<wire::Cost> BuildCost(flatbuffers::FlatBufferBuilder& fbb, const Cost& c) {
   return wire::CreateCost(fbb, c.prefill_computed, c.prefill_cached, c.decode_tokens,
                           c.engine_seconds, c.queue_seconds, c.sandbox_seconds,
                           c.sandbox_cpu_seconds, c.wal_bytes, c.price_usd);

@@ -18,6 +18,7 @@
 
 #include "schema/rollout_generated.h"
 #include "schema/status.h"
+#include "schema/vocab.h"
 
 namespace bitroll::rollout {
 
@@ -83,22 +84,9 @@ ErrorCode FromWire(wire::ErrorCode code);
 // OK when `e` is null.
 Status StatusFromWire(const wire::Error* e);
 
-// What a trajectory consumed (wire::Cost as a value).
-struct CostInfo {
-  int64_t prefill_computed = 0;
-  int64_t prefill_cached = 0;
-  int64_t decode_tokens = 0;
-  double engine_seconds = 0.0;
-  double queue_seconds = 0.0;
-  double sandbox_seconds = 0.0;
-  double sandbox_cpu_seconds = 0.0;
-  int64_t wal_bytes = 0;
-  double price_usd = 0.0;
-
-  void Add(const CostInfo& o);
-};
-CostInfo CostFromWire(const wire::Cost* c);  // zeros when null
-flatbuffers::Offset<wire::Cost> BuildCost(flatbuffers::FlatBufferBuilder& fbb, const CostInfo& c);
+// What a trajectory consumed: Cost (schema/vocab.h).
+Cost CostFromWire(const wire::Cost* c);  // zeros when null
+flatbuffers::Offset<wire::Cost> BuildCost(flatbuffers::FlatBufferBuilder& fbb, const Cost& c);
 
 // Finishes `fbb` as an Envelope holding `msg` of `type` with the current protocol version.
 // client_id: the owner of the groups the message names (clients only; docs/protocol.md "Owners").

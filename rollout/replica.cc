@@ -48,7 +48,7 @@ struct ItemMeta {
   std::vector<int32_t> injected;  // encoded WorkItem.inject_text
 };
 
-wire::FinishReason ToWireFinish(engine::FinishReason f) {
+wire::FinishReason ToWireFinish(FinishReason f) {
   return static_cast<wire::FinishReason>(f);
 }
 
@@ -100,7 +100,7 @@ struct LoadJob {
 };
 
 flatbuffers::Offset<wire::Fingerprint> BuildFingerprint(flatbuffers::FlatBufferBuilder& fbb,
-                                                        const engine::NumericsFingerprint& f) {
+                                                        const NumericsFingerprint& f) {
   return wire::CreateFingerprint(fbb, f.weights_hash, f.kernel_version, f.attention_chunk,
                                  fbb.CreateString(f.backend));
 }
@@ -393,7 +393,7 @@ class ReplicaLoop {
       // without the result, which did not fit.
       engine::SequenceOutput out;
       out.id = w.work_id();
-      out.finish = engine::FinishReason::kLength;
+      out.finish = FinishReason::kLength;
       meta.injected.clear();
       SendAlone(out, meta);
       return;
@@ -402,7 +402,7 @@ class ReplicaLoop {
     if (!s.ok()) {
       engine::SequenceOutput out;
       out.id = w.work_id();
-      out.finish = engine::FinishReason::kError;
+      out.finish = FinishReason::kError;
       out.error = s;
       SendAlone(out, meta);
       return;
@@ -483,9 +483,9 @@ class ReplicaLoop {
     std::vector<wire::VersionSpan> spans;
     spans.reserve(out.versions.size());
     for (const auto& v : out.versions) spans.emplace_back(v.begin, v.version);
-    CostInfo c;
-    c.prefill_computed = out.cost.prefill_tokens_computed;
-    c.prefill_cached = out.cost.prefill_tokens_cached;
+    Cost c;
+    c.prefill_computed = out.cost.prefill_computed;
+    c.prefill_cached = out.cost.prefill_cached;
     c.decode_tokens = out.cost.decode_tokens;
     c.engine_seconds = out.cost.engine_seconds;
     flatbuffers::Offset<wire::Error> err;

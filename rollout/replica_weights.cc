@@ -31,7 +31,7 @@ Result<engine::NcclWeightSource> NcclSourceOf(const wire::NcclWeights& n) {
     for (const wire::TensorFrame* f : *n.tensors()) {
       engine::NcclTensorSpec t;
       t.name = f->name() ? f->name()->str() : "";
-      BR_ASSIGN_OR_RETURN(t.dtype, engine::ParseDType(f->dtype() ? f->dtype()->string_view() : ""));
+      BR_ASSIGN_OR_RETURN(t.dtype, ParseDType(f->dtype() ? f->dtype()->string_view() : ""));
       t.shape = ShapeOf(*f);
       src.tensors.push_back(std::move(t));
     }
@@ -72,7 +72,7 @@ Status ReplicaWeights::Stage(const wire::UpdateWeights& u) {
   for (const wire::TensorFrame* f : *u.tensors()) {
     const std::string_view name = f->name() ? f->name()->string_view() : std::string_view();
     BR_ASSIGN_OR_RETURN(kernels::DType dtype,
-                        engine::ParseDType(f->dtype() ? f->dtype()->string_view() : ""));
+                        ParseDType(f->dtype() ? f->dtype()->string_view() : ""));
     const std::vector<int64_t> shape = ShapeOf(*f);
     std::span<const uint8_t> data;
     if (f->data() != nullptr) data = {f->data()->data(), f->data()->size()};

@@ -117,7 +117,7 @@ Result<sandbox::Request> BuildToolRequest(const wire::ToolSpec& spec, std::strin
 }
 
 void FillOutcome(const sandbox::RunResult& r, ToolOutcome* o) {
-  o->tier = static_cast<uint8_t>(r.tier);
+  o->tier = r.tier;
   o->exit_status = r.exited ? r.exit_code : -1;
   o->stdout_data = r.stdout_data;
   o->stderr_data = r.stderr_data;

@@ -40,7 +40,7 @@ inline constexpr std::string_view kDefaultResultTemplate = "\n<result>{output}</
 struct ToolOutcome {
   std::string name;  // the tool, or the unknown name the call gave
   std::string input;
-  uint8_t tier = 0;  // wire::ToolTier == sandbox::Tier numbering
+  ToolTier tier = ToolTier::kFunction;
   int32_t exit_status = -1;
   std::string stdout_data, stderr_data;
   bool stdout_truncated = false, stderr_truncated = false;

@@ -94,7 +94,7 @@ ToolSpecInput Fn(const std::string& name, const std::string& fn) {
 ToolSpecInput Proc(const std::string& name, const std::string& tmpl, uint32_t wall_ms = 10000) {
   ToolSpecInput t;
   t.name = name;
-  t.tier = wire::ToolTier_Process;
+  t.tier = ToolTier::kProcess;
   t.command_template = tmpl;
   t.wall_ms = wall_ms;
   return t;
@@ -210,7 +210,7 @@ TEST(ToolLoop, FunctionToolMultiTurnAndDeterminism) {
     if (t.turns > 1) ++multi;
     for (const auto& c : t.tool_calls) {
       EXPECT_EQ(c.name, "echo");
-      EXPECT_EQ(c.tier, wire::ToolTier_Function);
+      EXPECT_EQ(c.tier, ToolTier::kFunction);
       EXPECT_TRUE(c.error.ok()) << c.error.ToString();
       EXPECT_EQ(c.output, c.input) << "echo returns its input";
       EXPECT_FALSE(c.replayed);
@@ -224,7 +224,7 @@ TEST(ToolLoop, FunctionToolMultiTurnAndDeterminism) {
   for (const auto& t : *a) {
     std::printf("  turns %d sampled %zu total %zu finish %s\n", t.turns,
                 static_cast<size_t>(std::count(t.mask.begin(), t.mask.end(), 1)), t.ids.size(),
-                wire::EnumNameFinishReason(t.finish));
+                FinishReasonName(t.finish));
   }
   {  // One trajectory as text, injected spans in [[...]].
     const TrajectoryResult& t = (*a)[0];
@@ -239,7 +239,7 @@ TEST(ToolLoop, FunctionToolMultiTurnAndDeterminism) {
     }
     std::printf("sample 0 (%d turns, %zu sampled, finish %s): Once upon a time%s\n", t.turns,
                 static_cast<size_t>(std::count(t.mask.begin(), t.mask.end(), 1)),
-                wire::EnumNameFinishReason(t.finish), text.c_str());
+                FinishReasonName(t.finish), text.c_str());
   }
   EXPECT_GE(multi, 6) << "the delimiters should trigger calls in most trajectories";
   EXPECT_GT(sum.cost.sandbox_seconds, 0.0);
@@ -349,7 +349,7 @@ TEST(ToolLoop, ProcessToolCallsRunConcurrentlyWhileDecodingContinues) {
     for (const auto& c : t.tool_calls) {
       ++calls;
       call_seconds += c.wall_seconds;
-      EXPECT_EQ(c.tier, wire::ToolTier_Process);
+      EXPECT_EQ(c.tier, ToolTier::kProcess);
       EXPECT_TRUE(c.error.ok()) << c.error.ToString();
       EXPECT_EQ(c.exit_status, 0);
       EXPECT_EQ(c.output, c.input + "\n") << "/bin/sh echo of the argument";
@@ -504,7 +504,7 @@ TEST(ToolLoop, ContainerTierTool) {
     GTEST_SKIP() << "CONTAINER TIER UNAVAILABLE HERE (not tested): " << av.ToString();
   }
   ToolSpecInput t = Proc("shout", "sh -c 'echo \"$1\" | tr a-z A-Z' sh {input}");
-  t.tier = wire::ToolTier_Container;
+  t.tier = ToolTier::kContainer;
   SubmitRequest req = Request(80, 3, 4, {t});
   req.max_turns = 2;
   auto res = s.client->Run(req, 60000);
@@ -514,7 +514,7 @@ TEST(ToolLoop, ContainerTierTool) {
     CheckStructure(s, req, tr);
     for (const auto& c : tr.tool_calls) {
       ++calls;
-      EXPECT_EQ(c.tier, wire::ToolTier_Container);
+      EXPECT_EQ(c.tier, ToolTier::kContainer);
       EXPECT_TRUE(c.error.ok()) << c.error.ToString();
       std::string upper = c.input;
       for (char& ch : upper) ch = (ch >= 'a' && ch <= 'z') ? static_cast<char>(ch - 32) : ch;
@@ -575,7 +575,7 @@ TEST(ToolLoop, ContextFullEndsTheTrajectory) {
     EXPECT_LE(t.ids.size(), 512u);
     if (!t.tool_calls.empty() && std::count(t.mask.begin(), t.mask.end(), 0) == 0) {
       ++full;  // the result did not fit
-      EXPECT_EQ(t.finish, wire::FinishReason_Length);
+      EXPECT_EQ(t.finish, FinishReason::kLength);
       EXPECT_EQ(t.turns, 2);
       EXPECT_EQ(t.tool_calls.size(), 1u);
     }
@@ -596,7 +596,7 @@ TEST(ToolLoop, BadToolSpecsAreRefusedAndStopStringsWork) {
   expect_invalid(Request(30, 1, 1, {Fn("f", "nope")}), "unregistered function");
   expect_invalid(Request(31, 1, 1, {Proc("p", "/bin/echo hi")}), "template without {input}");
   ToolSpecInput tier = Fn("t", "echo");
-  tier.tier = static_cast<wire::ToolTier>(9);
+  tier.tier = static_cast<ToolTier>(9);
   expect_invalid(Request(32, 1, 1, {tier}), "unknown tier");
   SubmitRequest nodelim = Request(33, 1, 1, {Fn("e", "echo")});
   nodelim.tool_open.clear();
@@ -623,7 +623,7 @@ TEST(ToolLoop, BadToolSpecsAreRefusedAndStopStringsWork) {
   for (const auto& t : *res) {
     EXPECT_EQ(t.turns, 1);
     EXPECT_TRUE(t.tool_calls.empty());
-    if (t.finish != wire::FinishReason_Stop) continue;
+    if (t.finish != FinishReason::kStop) continue;
     const std::string text = Decode(s.tk, t.ids, 0, t.ids.size(), prompt->back());
     const std::string before = Decode(s.tk, t.ids, 0, t.ids.size() - 1, prompt->back());
     EXPECT_NE(text.find('.'), std::string::npos) << text;
@@ -652,7 +652,7 @@ TEST(ToolLoop, IdDelimitersWithoutTokenizer) {
   int calls = 0, unsupported = 0;
   for (const auto& t : *res) {
     calls += static_cast<int>(t.tool_calls.size());
-    if (t.finish == wire::FinishReason_Error) {
+    if (t.finish == FinishReason::kError) {
       EXPECT_EQ(t.error.code(), ErrorCode::kUnsupported) << t.error.ToString();
       ++unsupported;
     }
@@ -672,7 +672,7 @@ TEST(ToolLoop, IdDelimitersWithoutTokenizer) {
   auto bad = s.client->Run(str, 30000);
   ASSERT_TRUE(bad.ok()) << bad.status().ToString();
   for (const auto& t : *bad) {
-    EXPECT_EQ(t.finish, wire::FinishReason_Error);
+    EXPECT_EQ(t.finish, FinishReason::kError);
     EXPECT_EQ(t.error.code(), ErrorCode::kUnsupported) << t.error.ToString();
   }
   std::printf("null engine: %d id-delimited calls, %d trajectories ended: no encoder\n", calls,

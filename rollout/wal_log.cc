@@ -23,12 +23,12 @@ Result<std::unique_ptr<WalLog>> WalLog::Open(const WalServiceOptions& options) {
 
 Status WalLog::LogHeader(uint64_t traj, uint64_t serial, uint32_t sample_index,
                          const wire::SubmitRollouts& m, std::string_view request,
-                         uint64_t weight_version, const engine::NumericsFingerprint& fp) {
+                         uint64_t weight_version, const NumericsFingerprint& fp) {
   wal::TrajectoryHeader h;
   h.request.assign(request.data(), request.size());
   h.group_id = serial;
   h.sample_index = sample_index;
-  h.seed = m.seed();
+  h.sampling.seed = m.seed();
   if (const auto* s = m.sampling()) {
     h.sampling.temperature = s->temperature();
     h.sampling.top_k = s->top_k();
@@ -153,7 +153,7 @@ LoggedTurns RebuildTurns(const wal::TrajectoryLog& log) {
 }
 
 std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAddress& at,
-                                  const CostInfo& cost_in, std::string_view client_tag) {
+                                  const Cost& cost_in, std::string_view client_tag) {
   const LoggedTurns lt = RebuildTurns(log);
   // A finished trajectory: its last turn's tokens follow the rebuilt ones.
   std::vector<int32_t> all = lt.ids;
@@ -164,7 +164,7 @@ std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAdd
     all_lps.insert(all_lps.end(), log.logprobs.begin() + lt.sampled_base, log.logprobs.end());
     mask.resize(all.size(), 1);
   }
-  CostInfo cost = cost_in;
+  Cost cost = cost_in;
   cost.sandbox_seconds += lt.sandbox_seconds;
   cost.sandbox_cpu_seconds += lt.sandbox_cpu_seconds;
   flatbuffers::FlatBufferBuilder fbb(256 + all.size() * 9);
@@ -176,13 +176,13 @@ std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAdd
   auto calls = fbb.CreateVector(cv);
   const std::vector<wire::VersionSpan>& spans = lt.versions;
   auto vs = fbb.CreateVectorOfStructs(spans);
-  const wal::NumericsFingerprint& f = log.header.fingerprint;
+  const NumericsFingerprint& f = log.header.fingerprint;
   auto fp = wire::CreateFingerprint(fbb, f.weights_hash, f.kernel_version, f.attention_chunk,
                                     fbb.CreateString(f.backend));
   auto c = BuildCost(fbb, cost);
   auto rep = fbb.CreateString("wal");
   auto tag = fbb.CreateString(client_tag.data(), client_tag.size());
-  const auto reason = static_cast<wire::FinishReason>(log.finish ? log.finish->reason : 0);
+  const auto reason = static_cast<wire::FinishReason>(log.finish ? log.finish->reason : FinishReason::kNone);
   flatbuffers::Offset<wire::Error> err;
   if (reason == wire::FinishReason_Error) {
     err = wire::CreateError(fbb, wire::ErrorCode_Internal,

@@ -93,11 +93,11 @@ class WalLog {
   // The header of sample `sample_index` of `m` (whose envelope bytes are `request`).
   Status LogHeader(uint64_t traj, uint64_t serial, uint32_t sample_index,
                    const wire::SubmitRollouts& m, std::string_view request, uint64_t weight_version,
-                   const engine::NumericsFingerprint& fp);
+                   const NumericsFingerprint& fp);
   Status LogTokens(uint64_t traj, std::span<const int32_t> ids, std::span<const float> lps,
                    uint64_t weight_version);
   Status LogFinish(uint64_t traj, wire::FinishReason reason, std::string_view error) {
-    return wal_->AppendFinish(traj, static_cast<uint8_t>(reason), error);
+    return wal_->AppendFinish(traj, static_cast<FinishReason>(reason), error);
   }
   Status LogToolCall(uint64_t traj, const wal::ToolCall& c) {
     return wal_->AppendToolCall(traj, c);
@@ -165,7 +165,7 @@ LoggedTurns RebuildTurns(const wal::TrajectoryLog& log);
 // A client Trajectory envelope for a trajectory known only from the log (finished before a
 // restart): ids, logprob bits, finish reason, version spans and fingerprint from the records.
 std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAddress& at,
-                                  const CostInfo& cost, std::string_view client_tag);
+                                  const Cost& cost, std::string_view client_tag);
 
 // A client Trajectory envelope that carries only an error (a quarantined trajectory).
 std::string BuildErrorTrajectory(const SampleAddress& at, const Status& error,

@@ -302,7 +302,7 @@ TEST(WalServiceFault, CorruptRecordQuarantinesOnlyItsTrajectory) {
     const Key k{t.prompt_index, t.sample_index};
     if (k == bad_key) {
       ++errors;
-      EXPECT_EQ(t.finish, wire::FinishReason_Error);
+      EXPECT_EQ(t.finish, FinishReason::kError);
       EXPECT_EQ(t.error.code(), ErrorCode::kCorruption) << t.error.ToString();
       EXPECT_NE(t.error.message().find("seq=1"), std::string::npos) << t.error.ToString();
       EXPECT_NE(t.error.message().find("checksum mismatch"), std::string::npos)

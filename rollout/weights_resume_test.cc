@@ -98,7 +98,7 @@ std::vector<WeightTensor> RealTensors(std::shared_ptr<const engine::ModelWeights
   std::vector<WeightTensor> out;
   for (const auto& t : engine::TensorManifest(**keep)) {
     out.push_back(
-        {t.name, std::string(engine::DTypeName(t.tensor.dtype)), t.tensor.shape, t.tensor.data});
+        {t.name, std::string(DTypeName(t.tensor.dtype)), t.tensor.shape, t.tensor.data});
   }
   return out;
 }

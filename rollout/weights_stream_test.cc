@@ -120,7 +120,7 @@ Source RealModel() {
   s.weights = std::make_shared<const engine::ModelWeights>(std::move(*w));
   for (const engine::NamedTensor& t : engine::TensorManifest(*s.weights)) {
     s.tensors.push_back(
-        {t.name, std::string(engine::DTypeName(t.tensor.dtype)), t.tensor.shape, t.tensor.data});
+        {t.name, std::string(DTypeName(t.tensor.dtype)), t.tensor.shape, t.tensor.data});
   }
   return s;
 }
@@ -218,7 +218,7 @@ TEST(WeightsStreamTest, StreamedModelGeneratesWhatTheModelGenerates) {
   ASSERT_EQ(after.size(), 16u);
   EXPECT_EQ(Matching(after, ref), 16);
   for (const auto& t : after) {
-    EXPECT_EQ(t.weights_hash, real.weights->weights_hash);
+    EXPECT_EQ(t.fingerprint.weights_hash, real.weights->weights_hash);
     ASSERT_EQ(t.versions.size(), 1u);
     EXPECT_EQ(t.versions[0].second, 3u);
   }

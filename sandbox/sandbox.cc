@@ -23,20 +23,6 @@
 
 namespace bitroll::sandbox {
 
-const char* TierName(Tier tier) {
-  switch (tier) {
-    case Tier::kFunction:
-      return "function";
-    case Tier::kProcess:
-      return "process";
-    case Tier::kContainer:
-      return "container";
-    case Tier::kVm:
-      return "vm";
-  }
-  return "unknown";
-}
-
 const char* SandboxErrorName(SandboxError error) {
   switch (error) {
     case SandboxError::kNone:

@@ -64,12 +64,15 @@
 #include <vector>
 
 #include "schema/status.h"
+#include "schema/vocab.h"
 
 namespace bitroll::sandbox {
 
-enum class Tier : uint8_t { kFunction = 0, kProcess = 1, kContainer = 2, kVm = 3 };
+using Tier = ::bitroll::ToolTier;  // schema/vocab.h
 // Stable lower-case name: "function", "process", "container", "vm".
-const char* TierName(Tier tier);
+inline const char* TierName(Tier tier) {
+  return ToolTierName(tier);
+}
 
 // What stopped a run, beyond the tool's own exit status. The numbering is stored in the WAL:
 // append only, never renumber.

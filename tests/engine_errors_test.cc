@@ -113,7 +113,7 @@ TEST(EngineErrors, BadRequestsGetTypedErrorsAndOthersContinue) {
   auto out = testing_util::RunAll(*e, {});
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[1].tokens.size(), 8u);
-  EXPECT_EQ(out[1].finish, engine::FinishReason::kLength);
+  EXPECT_EQ(out[1].finish, FinishReason::kLength);
 }
 
 // Issue 12 item 7: a temperature in (0, 1e-6) made every logprob NaN on the real model; it is
@@ -152,7 +152,7 @@ TEST(EngineErrors, AbortFinishesWithAbortedAndFreesBlocks) {
   auto step = e->Step();
   ASSERT_TRUE(step.ok());
   ASSERT_EQ(step->finished.size(), 1u);
-  EXPECT_EQ(step->finished[0].finish, engine::FinishReason::kAborted);
+  EXPECT_EQ(step->finished[0].finish, FinishReason::kAborted);
   EXPECT_EQ(step->finished[0].tokens.size(), 2u);
   EXPECT_EQ(e->stats().kv_blocks_free, free_before);
   EXPECT_FALSE(e->HasWork());

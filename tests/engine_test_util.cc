@@ -96,21 +96,21 @@ bool SameTrajectory(const engine::SequenceOutput& a, const engine::SequenceOutpu
   return !engine::FirstDifference(a, b, &m);
 }
 
-engine::SamplingParams Greedy() {
-  engine::SamplingParams p;
+SamplingParams Greedy() {
+  SamplingParams p;
   p.temperature = 0.0f;
   return p;
 }
 
-engine::SamplingParams Sampled() {
-  engine::SamplingParams p;
+SamplingParams Sampled() {
+  SamplingParams p;
   p.temperature = 1.0f;
   p.top_p = 0.9f;
   p.seed = 1234;
   return p;
 }
 
-engine::SequenceRequest Target(uint64_t id, const engine::SamplingParams& sp) {
+engine::SequenceRequest Target(uint64_t id, const SamplingParams& sp) {
   engine::SequenceRequest r;
   r.id = id;
   r.prompt = {1, 403, 407, 261, 378};  // "Once upon a time"

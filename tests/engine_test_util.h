@@ -48,11 +48,11 @@ std::map<uint64_t, engine::SequenceOutput> RunAll(engine::Engine& e,
 bool SameTrajectory(const engine::SequenceOutput& a, const engine::SequenceOutput& b);
 
 // Sampling presets of the invariance suites: greedy, and T = 1 with top-p 0.9 (seed 1234).
-engine::SamplingParams Greedy();
-engine::SamplingParams Sampled();
+SamplingParams Greedy();
+SamplingParams Sampled();
 // The request under test: "Once upon a time" on stories260K, sample index 3, 48 tokens, no EOS/BOS
 // stop.
-engine::SequenceRequest Target(uint64_t id, const engine::SamplingParams& sp);
+engine::SequenceRequest Target(uint64_t id, const SamplingParams& sp);
 
 // Parses a golden transcript's "PROMPT_TOKENS(5): 1 403 ..." and "SEQ: 403 ..." lines
 // (once_upon_n256.ids.txt). False when either is missing.

@@ -96,7 +96,7 @@ TEST(Golden, MorePromptsMatchTheReferenceForwardPass) {
     const engine::SequenceOutput out = Greedy("auto", prompt, 200);
     // run.c stops before printing BOS; bitroll reports the stop token as part of the trajectory.
     std::vector<int32_t> got = out.tokens;
-    if (out.finish == engine::FinishReason::kEos && !got.empty() && got.back() == 1) got.pop_back();
+    if (out.finish == FinishReason::kEos && !got.empty() && got.back() == 1) got.pop_back();
     EXPECT_EQ(got, want) << text;
     ++checked;
   }

@@ -10,7 +10,7 @@
 namespace bitroll::testing_util {
 
 using engine::Mismatches;
-using engine::SamplingParams;
+using bitroll::SamplingParams;
 using engine::SequenceOutput;
 using engine::SequenceRequest;
 

@@ -26,7 +26,7 @@ engine::SequenceOutput RunAloneOn(const EngineFactory& make, int32_t max_step_to
 // The target (Target(7, sp)) alone, then inside batches of `sizes` random other requests at a
 // random position; the number of batched runs whose bits differ from the solo run (0 = invariant,
 // -1 = no engine).
-int BatchCompositionMismatches(const EngineFactory& make, const engine::SamplingParams& sp,
+int BatchCompositionMismatches(const EngineFactory& make, const SamplingParams& sp,
                                const std::vector<int>& sizes);
 
 // 24 random requests in one engine with a 64-token step budget (chunked prefill mixed with

@@ -23,7 +23,7 @@
 namespace bitroll {
 namespace {
 
-using engine::SamplingParams;
+using bitroll::SamplingParams;
 using engine::SequenceOutput;
 using engine::SequenceRequest;
 using testing_util::EngineSetup;

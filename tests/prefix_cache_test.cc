@@ -19,7 +19,7 @@ namespace bitroll {
 namespace {
 
 namespace fs = std::filesystem;
-using engine::SamplingParams;
+using bitroll::SamplingParams;
 using engine::SequenceOutput;
 using engine::SequenceRequest;
 using testing_util::RunAll;
@@ -105,7 +105,7 @@ TEST(PrefixCacheInvariance, WarmEqualsColdInMixedBatches) {
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_TRUE(SameTrajectory(ref.at(i), first.at(i))) << "first pass, request " << i;
     EXPECT_TRUE(SameTrajectory(ref.at(i), second.at(100 + i))) << "warm pass, request " << i;
-    EXPECT_GT(second.at(100 + i).cost.prefill_tokens_cached, 0) << i;
+    EXPECT_GT(second.at(100 + i).cost.prefill_cached, 0) << i;
   }
   EXPECT_TRUE(warm->CheckBlockAccounting().ok());
 }
@@ -131,7 +131,7 @@ TEST(PrefixCacheInvariance, ChunkingWithWarmPrefix) {
     RunAll(*e, {Req(50, other, 3)});
     const SequenceOutput out = RunAll(*e, {r})[1];
     EXPECT_TRUE(SameTrajectory(ref, out)) << "chunk " << chunk;
-    EXPECT_EQ(out.cost.prefill_tokens_cached, 96) << "chunk " << chunk;
+    EXPECT_EQ(out.cost.prefill_cached, 96) << "chunk " << chunk;
   }
 }
 
@@ -151,7 +151,7 @@ TEST(PrefixCacheInvariance, PrefillEqualsDecodeWithWarmPrompt) {
   EXPECT_TRUE(SameTrajectory(decoded, scored));
   EXPECT_EQ(scored.cost.decode_tokens, 0);
   // Rows [0, 70) hit (the 5th block, partly, copy-on-write); row 70 scores the first token.
-  EXPECT_EQ(scored.cost.prefill_tokens_cached, 70);
+  EXPECT_EQ(scored.cost.prefill_cached, 70);
 }
 
 TEST(PrefixCacheInvariance, WholePromptHitRecomputesTheLastTokenCopyOnWrite) {
@@ -169,8 +169,8 @@ TEST(PrefixCacheInvariance, WholePromptHitRecomputesTheLastTokenCopyOnWrite) {
   const SequenceOutput b = RunAll(*e, {Req(2, prompt, 40)})[2];
   EXPECT_TRUE(SameTrajectory(ref, a));
   EXPECT_TRUE(SameTrajectory(ref, b));
-  EXPECT_EQ(b.cost.prefill_tokens_cached, 63);
-  EXPECT_EQ(b.cost.prefill_tokens_computed, 1);
+  EXPECT_EQ(b.cost.prefill_cached, 63);
+  EXPECT_EQ(b.cost.prefill_computed, 1);
   EXPECT_GT(e->stats().cow_copies, cow_before);
   // The cached block was not clobbered: a third run still matches.
   EXPECT_TRUE(SameTrajectory(ref, RunAll(*e, {Req(3, prompt, 40)})[3]));
@@ -195,7 +195,7 @@ TEST(PrefixCacheInvariance, ThreadsAndAttentionKernelsWarm) {
       for (size_t i = 0; i < reqs.size(); ++i) {
         EXPECT_TRUE(SameTrajectory(ref.at(i), out.at(10 + i)))
             << "threads " << threads << " attention " << attention << " request " << i;
-        EXPECT_GE(out.at(10 + i).cost.prefill_tokens_cached, 96);
+        EXPECT_GE(out.at(10 + i).cost.prefill_cached, 96);
       }
     }
   }
@@ -217,7 +217,7 @@ TEST(PrefixCacheInvariance, MultiTurnFollowUpHitsEveryFullBlock) {
   p2.insert(p2.end(), turn.begin(), turn.end());
   const SequenceOutput t2 = RunAll(*e, {Req(2, p2, 30)})[2];
   // Turn 1 computed K/V for positions [0, 99): its last sampled token was never fed back.
-  EXPECT_EQ(t2.cost.prefill_tokens_cached, (40 + 60 - 1) / 16 * 16);
+  EXPECT_EQ(t2.cost.prefill_cached, (40 + 60 - 1) / 16 * 16);
   EXPECT_TRUE(SameTrajectory(RunAll(*cold, {Req(2, p2, 30)})[2], t2));
 }
 
@@ -255,7 +255,7 @@ TEST(PrefixCacheInvariance, DiskTierHitsAndCorruptedBlocksAreMisses) {
   const SequenceOutput from_disk = RunAll(*e, {Req(2, prompt, 20)})[2];
   EXPECT_TRUE(SameTrajectory(ref, from_disk));
   EXPECT_GT(e->stats().disk_hit_blocks, 0);
-  EXPECT_EQ(from_disk.cost.prefill_tokens_cached, 288) << "18 full blocks of the 301-token prompt";
+  EXPECT_EQ(from_disk.cost.prefill_cached, 288) << "18 full blocks of the 301-token prompt";
 
   // Corrupt one byte of every file and evict memory again: nothing wrong may come back.
   for (uint64_t i = 0; i < 3; ++i) {
@@ -278,7 +278,7 @@ TEST(PrefixCacheInvariance, DiskTierHitsAndCorruptedBlocksAreMisses) {
   const SequenceOutput after = RunAll(*e, {Req(3, prompt, 20)})[3];
   EXPECT_TRUE(SameTrajectory(ref, after));
   EXPECT_GT(e->stats().disk_corrupt_blocks, 0);
-  EXPECT_EQ(after.cost.prefill_tokens_cached, 0) << "every disk block was corrupt: all misses";
+  EXPECT_EQ(after.cost.prefill_cached, 0) << "every disk block was corrupt: all misses";
   EXPECT_TRUE(e->CheckBlockAccounting().ok());
 }
 

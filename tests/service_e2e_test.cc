@@ -168,11 +168,11 @@ Traj FromClient(const TrajectoryResult& r) {
   t.ids = r.ids;
   t.bits.resize(r.logprobs.size());
   std::memcpy(t.bits.data(), r.logprobs.data(), 4 * r.logprobs.size());
-  std::string name = wire::EnumNameFinishReason(r.finish);
+  std::string name = wire::EnumNameFinishReason(static_cast<wire::FinishReason>(r.finish));
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   t.finish = name;
   t.replica = r.replica;
-  t.weights_hash = r.weights_hash;
+  t.weights_hash = r.fingerprint.weights_hash;
   return t;
 }
 

@@ -14,7 +14,7 @@
 namespace bitroll {
 namespace {
 
-using engine::SamplingParams;
+using bitroll::SamplingParams;
 using engine::SequenceOutput;
 using engine::SequenceRequest;
 using testing_util::RunAll;
@@ -124,9 +124,9 @@ TEST(Serving, GrpoGroupPrefillsThePromptOnce) {
   EXPECT_EQ(st.group_shared_tokens, 7 * 199);
   EXPECT_GE(st.cow_copies, 7) << "the shared partial block is copied on first write";
   int64_t per_seq_cached = 0;
-  for (const auto& [id, o] : got.out) per_seq_cached += o.cost.prefill_tokens_cached;
+  for (const auto& [id, o] : got.out) per_seq_cached += o.cost.prefill_cached;
   EXPECT_EQ(per_seq_cached, 7 * 199);
-  EXPECT_EQ(got.out.at(0).cost.prefill_tokens_computed, 200);
+  EXPECT_EQ(got.out.at(0).cost.prefill_computed, 200);
 }
 
 std::vector<SequenceRequest> Mixed(int n, uint32_t seed) {
@@ -311,7 +311,7 @@ TEST(Serving, AbortMidRunFreesBlocksAndLeavesOthersUnchanged) {
   }
   for (const auto& [id, o] : want) {
     if (std::find(abort_ids.begin(), abort_ids.end(), id) != abort_ids.end()) {
-      EXPECT_EQ(out.at(id).finish, engine::FinishReason::kAborted) << id;
+      EXPECT_EQ(out.at(id).finish, FinishReason::kAborted) << id;
     } else {
       EXPECT_TRUE(SameTrajectory(o, out.at(id))) << id;
     }

@@ -77,7 +77,7 @@ std::string EncodeHeader(const TrajectoryHeader& h, std::string_view request_dig
                                     h.fingerprint.attention_chunk, backend);
   const fb::SamplingParams sp(h.sampling.temperature, h.sampling.top_k, h.sampling.top_p,
                               h.sampling.min_p);
-  auto body = fb::CreateHeader(b, request, h.group_id, h.sample_index, h.seed, &sp, h.max_tokens,
+  auto body = fb::CreateHeader(b, request, h.group_id, h.sample_index, h.sampling.seed, &sp, h.max_tokens,
                                h.weight_version, fp, digest);
   return Frame(RecordType::kHeader, b, body.Union());
 }
@@ -118,7 +118,8 @@ std::string EncodeToolCall(const ToolCall& c) {
   flatbuffers::FlatBufferBuilder b(128 + c.input.size());
   auto name = b.CreateString(c.tool_name);
   auto input = Bytes(b, c.input);
-  auto body = fb::CreateToolCall(b, c.call_index, c.token_index, name, c.tier, input);
+  auto body = fb::CreateToolCall(b, c.call_index, c.token_index, name,
+                                   static_cast<uint8_t>(c.tier), input);
   return Frame(RecordType::kToolCall, b, body.Union());
 }
 
@@ -133,10 +134,10 @@ std::string EncodeToolResult(const ToolResult& r) {
   return Frame(RecordType::kToolResult, b, body.Union());
 }
 
-std::string EncodeFinish(uint8_t reason, std::string_view error) {
+std::string EncodeFinish(FinishReason reason, std::string_view error) {
   flatbuffers::FlatBufferBuilder b(64 + error.size());
   auto e = b.CreateString(error.data(), error.size());
-  auto body = fb::CreateFinished(b, reason, e);
+  auto body = fb::CreateFinished(b, static_cast<uint8_t>(reason), e);
   return Frame(RecordType::kFinish, b, body.Union());
 }
 
@@ -272,10 +273,10 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
       }
       o.group_id = h->group_id();
       o.sample_index = h->sample_index();
-      o.seed = h->seed();
       if (const fb::SamplingParams* sp = h->sampling()) {
-        o.sampling = {sp->temperature(), sp->top_k(), sp->top_p(), sp->min_p()};
+        o.sampling = {sp->temperature(), sp->top_k(), sp->top_p(), sp->min_p(), 0};
       }
+      o.sampling.seed = h->seed();
       o.max_tokens = h->max_tokens();
       o.weight_version = h->weight_version();
       if (const fb::NumericsFingerprint* fp = h->fingerprint()) {
@@ -317,7 +318,7 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
       o.call.call_index = c->call_index();
       o.call.token_index = c->token_index();
       o.call.tool_name = Str(c->tool_name());
-      o.call.tier = c->tier();
+      o.call.tier = static_cast<ToolTier>(c->tier());
       o.call.input = std::string(View(c->input()));
       if (!call_pos_.emplace(o.call.call_index, log_.tool_calls.size()).second) {
         return bad("duplicate tool call index " + std::to_string(o.call.call_index));
@@ -347,7 +348,7 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
     }
     case fb::RecordBody::Finished: {
       const fb::Finished* f = rec->body_as_Finished();
-      log_.finish = FinishRecord{f->reason(), Str(f->error())};
+      log_.finish = FinishRecord{static_cast<FinishReason>(f->reason()), Str(f->error())};
       break;
     }
     case fb::RecordBody::Acked:

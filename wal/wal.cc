@@ -529,7 +529,7 @@ Status Wal::AppendToolResult(uint64_t traj, const ToolResult& result) {
   return Status::Ok();
 }
 
-Status Wal::AppendFinish(uint64_t traj, uint8_t reason, std::string_view error) {
+Status Wal::AppendFinish(uint64_t traj, FinishReason reason, std::string_view error) {
   Impl& w = *impl_;
   std::lock_guard<std::mutex> l(w.mu);
   TrajState* s = nullptr;

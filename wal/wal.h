@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "schema/status.h"
+#include "schema/vocab.h"
 #include "wal/wal_format.h"
 
 namespace bitroll::wal {
@@ -118,27 +119,14 @@ struct WalOptions {
   FaultHook fault_hook;
 };
 
-struct SamplingParams {
-  float temperature = 1.0f;
-  int32_t top_k = 0;  // 0 = off
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-};
-
-struct NumericsFingerprint {
-  uint64_t weights_hash = 0;
-  uint32_t kernel_version = 0;
-  uint32_t attention_chunk = 0;  // S of the attention contract
-  std::string backend;           // e.g. "cpu", "cuda"
-};
+// SamplingParams (seed included), NumericsFingerprint, FinishReason, ToolTier: schema/vocab.h.
 
 // Record sequence 0 of a trajectory.
 struct TrajectoryHeader {
   std::string request;  // opaque bytes: the wire request as serialized by the protocol layer
   uint64_t group_id = 0;
   uint32_t sample_index = 0;
-  uint64_t seed = 0;
-  SamplingParams sampling;
+  SamplingParams sampling;  // seed included
   uint32_t max_tokens = 0;
   uint64_t weight_version = 0;
   NumericsFingerprint fingerprint;
@@ -161,7 +149,7 @@ struct ToolCall {
   uint32_t call_index = 0;   // unique within the trajectory
   uint32_t token_index = 0;  // set by the Wal on append: generated tokens logged before it
   std::string tool_name;
-  uint8_t tier = 0;  // sandbox tier as numbered by sandbox/
+  ToolTier tier = ToolTier::kFunction;
   std::string input;
 };
 
@@ -179,7 +167,7 @@ struct ToolResult {
 };
 
 struct FinishRecord {
-  uint8_t reason = 0;  // finish reason as numbered by rollout/
+  FinishReason reason = FinishReason::kNone;
   std::string error;
 };
 
@@ -270,7 +258,7 @@ class Wal {
   // REQUIRES: a logged call with this call_index and no result yet.
   Status AppendToolResult(uint64_t traj, const ToolResult& result);
   // The last record of a trajectory; afterwards only Acknowledge/Discard apply.
-  Status AppendFinish(uint64_t traj, uint8_t reason, std::string_view error);
+  Status AppendFinish(uint64_t traj, FinishReason reason, std::string_view error);
 
   // Accepted-but-unstarted work. REQUIRES: group_id not pending.
   Status AppendGroup(uint64_t group_id, std::string_view request);

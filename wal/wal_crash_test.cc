@@ -234,7 +234,7 @@ TEST(WalCrash, DumpComparisonDetectsADifferentRun) {
     ASSERT_TRUE(w.ok());
     ASSERT_TRUE((*w)->Recover().ok());
     TrajectoryHeader h = testing::MakeHeader(0);
-    h.seed ^= 1;  // one bit
+    h.sampling.seed ^= 1;  // one bit
     ASSERT_TRUE((*w)->AppendHeader(0, h).ok());
     ASSERT_TRUE((*w)->Flush().ok());
   }

@@ -97,7 +97,7 @@ TEST(WalFixture, DISABLED_Write) {
   h.request = kRequest1;
   h.group_id = 1;
   h.sample_index = 0;
-  h.seed = 0x0123456789ABCDEFull;
+  h.sampling.seed = 0x0123456789ABCDEFull;
   h.sampling.temperature = 0.7f;
   h.sampling.top_k = 40;
   h.sampling.top_p = 0.95f;
@@ -116,7 +116,7 @@ TEST(WalFixture, DISABLED_Write) {
   ToolCall call;
   call.call_index = 0;
   call.tool_name = "calc";
-  call.tier = 1;
+  call.tier = static_cast<ToolTier>(1);
   call.input = "1+2";
   ASSERT_TRUE(w.AppendToolCall(kT10, call).ok());
   ToolResult result;
@@ -136,9 +136,9 @@ TEST(WalFixture, DISABLED_Write) {
   tb.injected_tokens = {7, 8, 9};
   ASSERT_TRUE(w.AppendTurnBoundary(kT10, tb).ok());
   ASSERT_TRUE(w.AppendTokens(kT10, kIds10b, Floats(kLps10b), 4).ok());
-  ASSERT_TRUE(w.AppendFinish(kT10, 2, "").ok());
+  ASSERT_TRUE(w.AppendFinish(kT10, static_cast<FinishReason>(2), "").ok());
   ASSERT_TRUE(w.AppendTokens(kT11, kIds11, Floats(kLps11), 3).ok());
-  ASSERT_TRUE(w.AppendFinish(kT11, 1, "").ok());
+  ASSERT_TRUE(w.AppendFinish(kT11, static_cast<FinishReason>(1), "").ok());
   ASSERT_TRUE(w.Flush().ok());
   ASSERT_TRUE(w.Acknowledge(kT11).ok());
 
@@ -147,7 +147,7 @@ TEST(WalFixture, DISABLED_Write) {
   g.request = kRequest2;
   g.group_id = 2;
   g.sample_index = 0;
-  g.seed = std::numeric_limits<uint64_t>::max();
+  g.sampling.seed = std::numeric_limits<uint64_t>::max();
   g.sampling.temperature = 0.0f;
   g.sampling.top_k = 0;
   g.sampling.top_p = 1.0f;
@@ -162,7 +162,7 @@ TEST(WalFixture, DISABLED_Write) {
   ASSERT_TRUE(w.AppendTokens(kT20, kIds20, Floats(kLps20), 5).ok());
   g.sample_index = 1;
   ASSERT_TRUE(w.AppendHeader(kT21, g).ok());
-  ASSERT_TRUE(w.AppendFinish(kT21, 5, "boom").ok());
+  ASSERT_TRUE(w.AppendFinish(kT21, static_cast<FinishReason>(5), "boom").ok());
   ASSERT_TRUE(w.AppendGroup(3, kRequest3).ok());
   ASSERT_TRUE(w.Flush().ok());
 }
@@ -224,7 +224,7 @@ TEST_F(WalFixtureTest, RecoversEveryFieldAsWritten) {
   EXPECT_EQ(u.header.request, kRequest2);
   EXPECT_EQ(u.header.group_id, 2u);
   EXPECT_EQ(u.header.sample_index, 0u);
-  EXPECT_EQ(u.header.seed, std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(u.header.sampling.seed, std::numeric_limits<uint64_t>::max());
   EXPECT_EQ(BitsOf(u.header.sampling.temperature), BitsOf(0.0f));
   EXPECT_EQ(u.header.sampling.top_k, 0);
   EXPECT_EQ(BitsOf(u.header.sampling.top_p), BitsOf(1.0f));
@@ -251,7 +251,7 @@ TEST_F(WalFixtureTest, RecoversEveryFieldAsWritten) {
   EXPECT_EQ(f->header.request, kRequest1);
   EXPECT_EQ(f->header.group_id, 1u);
   EXPECT_EQ(f->header.sample_index, 0u);
-  EXPECT_EQ(f->header.seed, 0x0123456789ABCDEFull);
+  EXPECT_EQ(f->header.sampling.seed, 0x0123456789ABCDEFull);
   EXPECT_EQ(BitsOf(f->header.sampling.temperature), BitsOf(0.7f));
   EXPECT_EQ(f->header.sampling.top_k, 40);
   EXPECT_EQ(BitsOf(f->header.sampling.top_p), BitsOf(0.95f));
@@ -306,7 +306,7 @@ TEST_F(WalFixtureTest, RecoversEveryFieldAsWritten) {
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->header.request, kRequest2);
   EXPECT_EQ(e->header.sample_index, 1u);
-  EXPECT_EQ(e->header.seed, std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(e->header.sampling.seed, std::numeric_limits<uint64_t>::max());
   EXPECT_TRUE(e->token_ids.empty());
   ASSERT_TRUE(e->finish.has_value());
   EXPECT_EQ(static_cast<int>(e->finish->reason), 5);
@@ -317,7 +317,7 @@ TEST_F(WalFixtureTest, RecoversEveryFieldAsWritten) {
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
   EXPECT_EQ(kept->header.request, kRequest1);
   EXPECT_EQ(kept->header.sample_index, 1u);
-  EXPECT_EQ(kept->header.seed, 0x0123456789ABCDEFull);
+  EXPECT_EQ(kept->header.sampling.seed, 0x0123456789ABCDEFull);
   ExpectTokens(*kept, kIds11, kLps11);
   ASSERT_TRUE(kept->finish.has_value());
   EXPECT_EQ(static_cast<int>(kept->finish->reason), 1);
@@ -327,7 +327,7 @@ TEST_F(WalFixtureTest, RecoversEveryFieldAsWritten) {
   const std::vector<int32_t> more = {3, 4};
   const std::vector<float> more_lps = {-0.5f, -0.25f};
   ASSERT_TRUE(w.AppendTokens(kT20, more, more_lps, 6).ok());
-  ASSERT_TRUE(w.AppendFinish(kT20, 3, "").ok());
+  ASSERT_TRUE(w.AppendFinish(kT20, static_cast<FinishReason>(3), "").ok());
   ASSERT_TRUE(w.Flush().ok());
   auto resumed = w.ReadTrajectory(kT20);
   ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();

@@ -53,7 +53,7 @@ void WriteGroup(Wal& w, int group, bool finish) {
     const float lp = -0.5f;
     ASSERT_TRUE(w.AppendTokens(id, {&tok, 1}, {&lp, 1}, 1).ok());
     if (finish) {
-      ASSERT_TRUE(w.AppendFinish(id, 1, "").ok());
+      ASSERT_TRUE(w.AppendFinish(id, static_cast<FinishReason>(1), "").ok());
     }
   }
 }
@@ -91,7 +91,7 @@ TEST(WalRequestBlob, SharedRequestIsStoredOnceAndRecoveredExactly) {
     const std::string want = Request(static_cast<int>(t.id / 1000));
     ASSERT_EQ(t.header.request.size(), want.size());
     EXPECT_EQ(std::memcmp(t.header.request.data(), want.data(), want.size()), 0) << t.id;
-    EXPECT_EQ(t.header.seed, MakeHeader(t.id).seed);
+    EXPECT_EQ(t.header.sampling.seed, MakeHeader(t.id).sampling.seed);
     auto read = w->ReadTrajectory(t.id);
     ASSERT_TRUE(read.ok()) << read.status().ToString();
     EXPECT_EQ(read->header.request, want);

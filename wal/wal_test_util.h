@@ -58,7 +58,7 @@ inline TrajectoryHeader MakeHeader(uint64_t traj) {
   h.request = "request-bytes-" + std::to_string(traj) + std::string("\0\x01\xff", 3);
   h.group_id = traj / 4;
   h.sample_index = static_cast<uint32_t>(traj % 4);
-  h.seed = Mix(traj);
+  h.sampling.seed = Mix(traj);
   h.sampling = {0.7f, 40, 0.95f, 0.05f};
   h.max_tokens = 4096;
   h.weight_version = 3;
@@ -81,7 +81,7 @@ inline std::string Dump(const TrajectoryHeader& h) {
   PutStr(o, h.request);
   PutPod(o, h.group_id);
   PutPod(o, h.sample_index);
-  PutPod(o, h.seed);
+  PutPod(o, h.sampling.seed);
   PutPod(o, h.sampling.temperature);
   PutPod(o, h.sampling.top_k);
   PutPod(o, h.sampling.top_p);
@@ -176,8 +176,8 @@ inline Status WriteTrajectory(Wal& w, uint64_t traj, uint32_t tokens, bool finis
   BR_RETURN_IF_ERROR(w.AppendHeader(traj, e.header));
   BR_RETURN_IF_ERROR(AppendTokenRange(w, traj, 0, tokens, 16, 1, &e));
   if (finish) {
-    BR_RETURN_IF_ERROR(w.AppendFinish(traj, 1, ""));
-    e.finish = FinishRecord{1, ""};
+    BR_RETURN_IF_ERROR(w.AppendFinish(traj, static_cast<FinishReason>(1), ""));
+    e.finish = FinishRecord{static_cast<FinishReason>(1), ""};
   }
   return Status::Ok();
 }

@@ -32,7 +32,7 @@
 namespace bitroll {
 namespace {
 
-using engine::SamplingParams;
+using bitroll::SamplingParams;
 using engine::SequenceOutput;
 using engine::SequenceRequest;
 using engine::cuda::CudaDeviceStatus;

@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
     host[i] = HostCopy(t, i, a);
     fields[i]->data = host[i].data();
     tensors[i].name = manifest[i].name;
-    tensors[i].dtype = std::string(bitroll::engine::DTypeName(t.dtype));
+    tensors[i].dtype = std::string(bitroll::DTypeName(t.dtype));
     tensors[i].shape = t.shape;
     if (Status s = device.Upload(host[i], &tensors[i].data); !s.ok()) return Fail(s);
     bytes += host[i].size();
@@ -282,11 +282,11 @@ int main(int argc, char** argv) {
   bool ok = !group->empty();
   for (const auto& t : *group) {
     std::printf("sample %u: %zu tokens, replica %s, weights_hash %016" PRIx64 ", versions:",
-                t.sample_index, t.ids.size(), t.replica.c_str(), t.weights_hash);
+                t.sample_index, t.ids.size(), t.replica.c_str(), t.fingerprint.weights_hash);
     for (const auto& [first, v] : t.versions) std::printf(" %" PRIu64 "@%d", v, first);
     std::printf("\n");
     for (const auto& [first, v] : t.versions) ok = ok && v == a.version;
-    ok = ok && t.weights_hash == expected_hash;
+    ok = ok && t.fingerprint.weights_hash == expected_hash;
   }
   std::printf("%s: rollouts %s weight version %" PRIu64 " with weights_hash %016" PRIx64 "\n",
               ok ? "OK" : "MISMATCH", ok ? "carry" : "do not all carry", a.version, expected_hash);

@@ -20,10 +20,11 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
 #include "schema/status.h"
+#include "schema/vocab.h"
 
 namespace bitroll::kernels {
 
-enum class DType : uint8_t { kF32, kF16, kBF16 };
+using DType = ::bitroll::DType;  // schema/vocab.h
 
 // One source matrix, row-major [rows][k] (k is given to Pack). Not owned.
 struct MatrixPart {

@@ -66,7 +66,7 @@ int Run(int argc, char** argv) {
   size_t bytes = 0;
   for (const auto& t : engine::TensorManifest(*source)) {
     tensors.push_back(
-        {t.name, std::string(engine::DTypeName(t.tensor.dtype)), t.tensor.shape, t.tensor.data});
+        {t.name, std::string(DTypeName(t.tensor.dtype)), t.tensor.shape, t.tensor.data});
     bytes += static_cast<size_t>(t.tensor.size_bytes());
   }
 

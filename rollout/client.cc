@@ -25,16 +25,13 @@ TrajectoryResult FromWire(const wire::Trajectory& t) {
   r.sample_index = t.sample_index();
   if (t.ids()) r.ids.assign(t.ids()->begin(), t.ids()->end());
   if (t.logprobs()) r.logprobs.assign(t.logprobs()->begin(), t.logprobs()->end());
-  r.finish = static_cast<FinishReason>(t.finish());
+  r.finish = FinishFromWire(t.finish());
   r.turns = t.turns();
   if (t.versions()) {
     for (const wire::VersionSpan* v : *t.versions())
       r.versions.emplace_back(v->begin(), v->version());
   }
-  if (const auto* f = t.fingerprint()) {
-    r.fingerprint = {f->weights_hash(), f->kernel_version(), f->attention_chunk(),
-                     f->backend() ? f->backend()->str() : ""};
-  }
+  r.fingerprint = FingerprintFromWire(t.fingerprint());
   r.cost = CostFromWire(t.cost());
   r.replica = t.replica() ? t.replica()->str() : "";
   r.client_tag = t.client_tag() ? t.client_tag()->str() : "";
@@ -45,7 +42,7 @@ TrajectoryResult FromWire(const wire::Trajectory& t) {
       ToolCallResult o;
       o.name = c->name() ? c->name()->str() : "";
       o.input = c->input() ? c->input()->str() : "";
-      o.tier = static_cast<ToolTier>(c->tier());
+      o.tier = TierFromWire(c->tier());
       o.exit_status = c->exit_status();
       o.output = c->output() ? c->output()->str() : "";
       o.output_truncated = c->output_truncated();
@@ -110,7 +107,7 @@ std::string EncodeSubmit(const SubmitRequest& q, uint64_t request_id, std::strin
     prompts.push_back(wire::CreatePrompt(fbb, 0, fbb.CreateString(t)));
   }
   auto pv = fbb.CreateVector(prompts);
-  auto sp = wire::CreateSamplingParams(fbb, q.temperature, q.top_k, q.top_p, q.min_p);
+  auto sp = SamplingToWire(fbb, q);
   auto stop_ids = fbb.CreateVector(q.stop_ids);
   auto stop_strings = fbb.CreateVectorOfStrings(q.stop_strings);
   auto tag = fbb.CreateString(q.client_tag);
@@ -119,7 +116,7 @@ std::string EncodeSubmit(const SubmitRequest& q, uint64_t request_id, std::strin
     auto lim = wire::CreateToolLimits(fbb, t.wall_ms, t.cpu_ms, t.memory_bytes, t.output_bytes,
                                       t.processes, t.network);
     tools.push_back(
-        wire::CreateToolSpec(fbb, fbb.CreateString(t.name), static_cast<wire::ToolTier>(t.tier),
+        wire::CreateToolSpec(fbb, fbb.CreateString(t.name), TierToWire(t.tier),
                              t.command_template.empty() ? 0 : fbb.CreateString(t.command_template),
                              t.function.empty() ? 0 : fbb.CreateString(t.function), lim));
   }

@@ -301,7 +301,7 @@ void Coordinator::State::FinishGroupIfDone(Group* g) {
   }
   flatbuffers::FlatBufferBuilder fbb(256);
   auto done = wire::CreateGroupDone(fbb, g->group_id, g->delivered, g->errors, g->aborted,
-                                    BuildCost(fbb, g->cost));
+                                    CostToWire(fbb, g->cost));
   FinishEnvelope(fbb, 0, wire::Message_GroupDone, done.Union());
   std::string client = g->client;
   if (wal) {
@@ -412,7 +412,7 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
       wal ? wal->counters.tokens_logged : 0, wal ? wal->counters.recovered_tokens : 0,
       wal ? wal->counters.forced_tokens : 0, wal ? wal->counters.resumed : 0,
       wal ? wal->counters.forced_mismatches : 0, wal ? wal->stats().bytes_written : 0,
-      wal && !wal->status().ok() ? wire::CreateError(fbb, ToWire(wal->status().code()),
+      wal && !wal->status().ok() ? wire::CreateError(fbb, ErrorCodeToWire(wal->status().code()),
                                                      fbb.CreateString(wal->status().message()))
                                  : 0,
       waiting);

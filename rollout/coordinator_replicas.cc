@@ -69,13 +69,7 @@ void Coordinator::State::OnReplica(const std::string& identity, const zmq::messa
 
 void Coordinator::State::OnHello(const std::string& identity, const wire::Envelope* e) {
   const wire::ReplicaHello* h = e->msg_as_ReplicaHello();
-  NumericsFingerprint fp;
-  if (const auto* f = h->fingerprint()) {
-    fp.weights_hash = f->weights_hash();
-    fp.kernel_version = f->kernel_version();
-    fp.attention_chunk = f->attention_chunk();
-    fp.backend = f->backend() ? f->backend()->str() : "";
-  }
+  const NumericsFingerprint fp = FingerprintFromWire(h->fingerprint());
   const std::string name = h->name() ? h->name()->str() : "replica";
   if (fingerprint &&
       (fingerprint->weights_hash != fp.weights_hash ||

@@ -59,7 +59,7 @@ bool Coordinator::State::ContinueToolLoop(Work* w, const wire::Trajectory& t) {
   ToolOutcome o;
   o.name = rc.name;
   o.input = rc.input;
-  o.tier = rc.spec ? static_cast<ToolTier>(rc.spec->tier()) : ToolTier::kFunction;
+  o.tier = rc.spec ? TierFromWire(rc.spec->tier()) : ToolTier::kFunction;
   o.token_index = static_cast<int32_t>(w->ctx_ids.size());
   const auto index = static_cast<uint32_t>(w->calls.size());
   if (wal) CheckWal(wal->LogToolCall(w->id, ToWalCall(o, index)));

@@ -152,7 +152,7 @@ void Coordinator::State::ReattachParked(const std::string& key, const std::strin
   if (request.empty()) {  // nothing left in the WAL: just the group's end
     flatbuffers::FlatBufferBuilder fbb(256);
     auto done = wire::CreateGroupDone(fbb, p.group_id, p.delivered, p.errors, p.aborted,
-                                      BuildCost(fbb, p.cost));
+                                      CostToWire(fbb, p.cost));
     FinishEnvelope(fbb, 0, wire::Message_GroupDone, done.Union());
     SendClient(client, BufferView(fbb));
     return;

@@ -81,11 +81,8 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
   }
   auto vs = fbb.CreateVectorOfStructs(spans);
   flatbuffers::Offset<wire::Fingerprint> fp;
-  if (const auto* f = t.fingerprint()) {
-    fp = wire::CreateFingerprint(fbb, f->weights_hash(), f->kernel_version(), f->attention_chunk(),
-                                 fbb.CreateString(f->backend() ? f->backend()->str() : ""));
-  }
-  auto c = BuildCost(fbb, cost);
+  if (const auto* f = t.fingerprint()) fp = FingerprintToWire(fbb, FingerprintFromWire(f));
+  auto c = CostToWire(fbb, cost);
   auto rep = fbb.CreateString(replica.data(), replica.size());
   flatbuffers::Offset<flatbuffers::String> tag;
   if (client_tag) tag = fbb.CreateString(client_tag);
@@ -139,9 +136,7 @@ flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder
     prompt = wire::CreatePrompt(fbb, 0, fbb.CreateString(p->text()));
   }
   flatbuffers::Offset<wire::SamplingParams> sp;
-  if (const auto* s = m.sampling()) {
-    sp = wire::CreateSamplingParams(fbb, s->temperature(), s->top_k(), s->top_p(), s->min_p());
-  }
+  if (m.sampling()) sp = SamplingToWire(fbb, SamplingFromWire(m));
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> stop;
   if (m.stop_ids()) stop = CopyVector(fbb, m.stop_ids());
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> forced_ids;

@@ -240,41 +240,6 @@ Status CheckMessage(const void* data, size_t size, const DecodeLimits& decode,
   }
 }
 
-wire::ErrorCode ToWire(ErrorCode code) {
-  return static_cast<wire::ErrorCode>(code);
-}
-
-ErrorCode FromWire(wire::ErrorCode code) {
-  if (code > wire::ErrorCode_MAX) return ErrorCode::kInternal;
-  return static_cast<ErrorCode>(code);
-}
-
-Status StatusFromWire(const wire::Error* e) {
-  if (e == nullptr || e->code() == wire::ErrorCode_Ok) return Status::Ok();
-  return Status(FromWire(e->code()), e->message() ? e->message()->str() : std::string());
-}
-
-Cost CostFromWire(const wire::Cost* c) {
-  Cost r;
-  if (c == nullptr) return r;
-  r.prefill_computed = c->prefill_computed();
-  r.prefill_cached = c->prefill_cached();
-  r.decode_tokens = c->decode_tokens();
-  r.engine_seconds = c->engine_seconds();
-  r.queue_seconds = c->queue_seconds();
-  r.sandbox_seconds = c->sandbox_seconds();
-  r.sandbox_cpu_seconds = c->sandbox_cpu_seconds();
-  r.wal_bytes = c->wal_bytes();
-  r.price_usd = c->price_usd();
-  return r;
-}
-
-flatbuffers::Offset<wire::Cost> BuildCost(flatbuffers::FlatBufferBuilder& fbb, const Cost& c) {
-  return wire::CreateCost(fbb, c.prefill_computed, c.prefill_cached, c.decode_tokens,
-                          c.engine_seconds, c.queue_seconds, c.sandbox_seconds,
-                          c.sandbox_cpu_seconds, c.wal_bytes, c.price_usd);
-}
-
 void FinishEnvelope(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id, wire::Message type,
                     flatbuffers::Offset<void> msg, std::string_view client_id) {
   auto id = client_id.empty() ? 0 : fbb.CreateString(client_id.data(), client_id.size());
@@ -284,8 +249,7 @@ void FinishEnvelope(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id, wi
 
 std::string EncodeError(uint64_t request_id, const Status& status, uint64_t group_id) {
   flatbuffers::FlatBufferBuilder fbb(256);
-  auto err =
-      wire::CreateError(fbb, ToWire(status.code()), fbb.CreateString(status.message()), group_id);
+  auto err = ErrorToWire(fbb, status, group_id);
   FinishEnvelope(fbb, request_id, wire::Message_Error, err.Union());
   return std::string(BufferView(fbb));
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "schema/rollout_generated.h"
+#include "schema/wire_translate.h"
 #include "schema/status.h"
 #include "schema/vocab.h"
 
@@ -78,15 +79,8 @@ Status ValidateTools(const wire::SubmitRollouts& m);
 Status CheckMessage(const void* data, size_t size, const DecodeLimits& decode,
                     const SubmitLimits& submit);
 
-wire::ErrorCode ToWire(ErrorCode code);
-// Unknown wire codes map to kInternal.
-ErrorCode FromWire(wire::ErrorCode code);
-// OK when `e` is null.
-Status StatusFromWire(const wire::Error* e);
-
-// What a trajectory consumed: Cost (schema/vocab.h).
-Cost CostFromWire(const wire::Cost* c);  // zeros when null
-flatbuffers::Offset<wire::Cost> BuildCost(flatbuffers::FlatBufferBuilder& fbb, const Cost& c);
+// The conversions of ErrorCode, Status, Cost, SamplingParams, fingerprints, finish reasons and
+// tool tiers to and from the wire: schema/wire_translate.h.
 
 // Finishes `fbb` as an Envelope holding `msg` of `type` with the current protocol version.
 // client_id: the owner of the groups the message names (clients only; docs/protocol.md "Owners").

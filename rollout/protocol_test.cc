@@ -216,9 +216,9 @@ TEST(ProtocolTest, ErrorCodesMirrorStatusH) {
   // Every bitroll::ErrorCode has a wire twin with the same value and the same name.
   for (int c = 0; c <= static_cast<int>(wire::ErrorCode_MAX); ++c) {
     const auto code = static_cast<ErrorCode>(c);
-    const auto w = ToWire(code);
+    const auto w = ErrorCodeToWire(code);
     EXPECT_EQ(static_cast<int>(w), c);
-    EXPECT_EQ(FromWire(w), code);
+    EXPECT_EQ(ErrorCodeFromWire(w), code);
     std::string snake;  // "InvalidArgument" -> "invalid_argument"
     for (const char* p = wire::EnumNameErrorCode(w); *p; ++p) {
       if (std::isupper(static_cast<unsigned char>(*p)) && !snake.empty()) snake += '_';
@@ -227,7 +227,7 @@ TEST(ProtocolTest, ErrorCodesMirrorStatusH) {
     EXPECT_EQ(snake, ErrorCodeName(code)) << c;
   }
   EXPECT_EQ(static_cast<int>(wire::ErrorCode_MAX), static_cast<int>(ErrorCode::kProtocol));
-  EXPECT_EQ(FromWire(static_cast<wire::ErrorCode>(999)), ErrorCode::kInternal);
+  EXPECT_EQ(ErrorCodeFromWire(static_cast<wire::ErrorCode>(999)), ErrorCode::kInternal);
 }
 
 TEST(ProtocolTest, EncodeErrorRoundTrips) {

@@ -48,10 +48,6 @@ struct ItemMeta {
   std::vector<int32_t> injected;  // encoded WorkItem.inject_text
 };
 
-wire::FinishReason ToWireFinish(FinishReason f) {
-  return static_cast<wire::FinishReason>(f);
-}
-
 // Timed-out loads of one replica whose threads still run: with this many, a new path update is
 // refused (kUnavailable) rather than leaving yet another thread behind.
 constexpr int kMaxStuckLoads = 3;
@@ -98,12 +94,6 @@ struct LoadJob {
   std::mutex mu;
   std::optional<Result<engine::ModelWeights>> result;  // set once, when the load ends
 };
-
-flatbuffers::Offset<wire::Fingerprint> BuildFingerprint(flatbuffers::FlatBufferBuilder& fbb,
-                                                        const NumericsFingerprint& f) {
-  return wire::CreateFingerprint(fbb, f.weights_hash, f.kernel_version, f.attention_chunk,
-                                 fbb.CreateString(f.backend));
-}
 
 class ReplicaLoop {
  public:
@@ -173,7 +163,7 @@ class ReplicaLoop {
     flatbuffers::FlatBufferBuilder fbb(512);
     auto hello =
         wire::CreateReplicaHello(fbb, fbb.CreateString(options_.name), info.vocab_size,
-                                 info.max_seq_len, BuildFingerprint(fbb, info.fingerprint),
+                                 info.max_seq_len, FingerprintToWire(fbb, info.fingerprint),
                                  options_.capacity, version_, options_.remote, info.eos_id);
     FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, hello.Union());
     Send(fbb);
@@ -240,7 +230,7 @@ class ReplicaLoop {
       auto ack = wire::CreateAck(fbb, 0, 0, 0, version_);
       FinishEnvelope(fbb, request_id, wire::Message_Ack, ack.Union());
     } else {
-      auto err = wire::CreateError(fbb, ToWire(s.code()), fbb.CreateString(s.message()));
+      auto err = ErrorToWire(fbb, s);
       FinishEnvelope(fbb, request_id, wire::Message_Error, err.Union());
     }
     Send(fbb);
@@ -340,13 +330,7 @@ class ReplicaLoop {
     req.group_id = w.group_id();
     req.sample_index = w.sample_index();
     req.priority = w.priority();
-    if (const auto* s = w.sampling()) {
-      req.sampling.temperature = s->temperature();
-      req.sampling.top_k = s->top_k();
-      req.sampling.top_p = s->top_p();
-      req.sampling.min_p = s->min_p();
-    }
-    req.sampling.seed = w.seed();
+    req.sampling = SamplingFromWire(w);
     req.stop.max_tokens = w.max_tokens();
     req.stop.stop_at_eos = w.stop_at_eos();
     if (w.stop_ids()) req.stop.stop_ids.assign(w.stop_ids()->begin(), w.stop_ids()->end());
@@ -490,12 +474,12 @@ class ReplicaLoop {
     c.engine_seconds = out.cost.engine_seconds;
     flatbuffers::Offset<wire::Error> err;
     if (!out.error.ok()) {
-      err = wire::CreateError(fbb, ToWire(out.error.code()), fbb.CreateString(out.error.message()),
+      err = wire::CreateError(fbb, ErrorCodeToWire(out.error.code()), fbb.CreateString(out.error.message()),
                               m.group_id);
     }
     std::span<const int32_t> toks(out.tokens);
     std::span<const float> lpv(out.logprobs);
-    wire::FinishReason finish = ToWireFinish(out.finish);
+    wire::FinishReason finish = FinishToWire(out.finish);
     flatbuffers::Offset<flatbuffers::String> call;
     if (m.event != DetectEvent::kNone && out.error.ok()) {
       // The turn ends exactly on the token that completed the call / stop string.
@@ -514,8 +498,8 @@ class ReplicaLoop {
     auto vs = fbb.CreateVectorOfStructs(spans);
     flatbuffers::Offset<flatbuffers::Vector<int32_t>> inj;
     if (!m.injected.empty()) inj = fbb.CreateVector(m.injected);
-    auto fp = BuildFingerprint(fbb, engine_.info().fingerprint);
-    auto cost = BuildCost(fbb, c);
+    auto fp = FingerprintToWire(fbb, engine_.info().fingerprint);
+    auto cost = CostToWire(fbb, c);
     auto name = fbb.CreateString(options_.name);
     wire::TrajectoryBuilder b(fbb);
     b.add_group_id(m.group_id);

@@ -291,7 +291,7 @@ TEST(ReviewDefects, ClientThatNeverReadsDoesNotBlockOthers) {
       auto env = DecodeEnvelope(AlignForRead(msg.data(), msg.size(), &align), msg.size(), {});
       ASSERT_TRUE(env.ok());
       if ((*env)->msg_type() == wire::Message_Error &&
-          (*env)->msg_as_Error()->code() == ToWire(ErrorCode::kResourceExhausted)) {
+          (*env)->msg_as_Error()->code() == ErrorCodeToWire(ErrorCode::kResourceExhausted)) {
         told = true;
       }
       status = status || (*env)->msg_type() == wire::Message_StatusReply;

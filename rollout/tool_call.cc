@@ -79,7 +79,7 @@ Result<std::vector<std::string>> SplitTemplate(std::string_view t) {
 Result<sandbox::Request> BuildToolRequest(const wire::ToolSpec& spec, std::string_view input,
                                           const CallAddress& at) {
   sandbox::Request r;
-  r.tier = static_cast<sandbox::Tier>(spec.tier());
+  r.tier = TierFromWire(spec.tier());
   r.stdin_data = std::string(input);
   r.env = {"BITROLL_GROUP=" + std::to_string(at.group_id),
            "BITROLL_PROMPT=" + std::to_string(at.prompt_index),
@@ -204,10 +204,9 @@ flatbuffers::Offset<wire::ToolCallInfo> BuildToolCallInfo(flatbuffers::FlatBuffe
   auto out = fbb.CreateString(o.stdout_data);
   flatbuffers::Offset<wire::Error> err;
   if (!o.error.ok()) {
-    err = wire::CreateError(fbb, ToWire(o.error.code()), fbb.CreateString(o.error.message()),
-                            group_id);
+    err = ErrorToWire(fbb, o.error, group_id);
   }
-  return wire::CreateToolCallInfo(fbb, name, input, static_cast<wire::ToolTier>(o.tier),
+  return wire::CreateToolCallInfo(fbb, name, input, TierToWire(o.tier),
                                   o.exit_status, out, o.stdout_truncated, err, o.wall_seconds,
                                   o.cpu_seconds, o.token_index, o.replayed);
 }

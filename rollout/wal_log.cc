@@ -28,13 +28,7 @@ Status WalLog::LogHeader(uint64_t traj, uint64_t serial, uint32_t sample_index,
   h.request.assign(request.data(), request.size());
   h.group_id = serial;
   h.sample_index = sample_index;
-  h.sampling.seed = m.seed();
-  if (const auto* s = m.sampling()) {
-    h.sampling.temperature = s->temperature();
-    h.sampling.top_k = s->top_k();
-    h.sampling.top_p = s->top_p();
-    h.sampling.min_p = s->min_p();
-  }
+  h.sampling = SamplingFromWire(m);
   h.max_tokens = static_cast<uint32_t>(std::max(0, m.max_tokens()));
   h.weight_version = weight_version;
   h.fingerprint.weights_hash = fp.weights_hash;
@@ -179,10 +173,10 @@ std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAdd
   const NumericsFingerprint& f = log.header.fingerprint;
   auto fp = wire::CreateFingerprint(fbb, f.weights_hash, f.kernel_version, f.attention_chunk,
                                     fbb.CreateString(f.backend));
-  auto c = BuildCost(fbb, cost);
+  auto c = CostToWire(fbb, cost);
   auto rep = fbb.CreateString("wal");
   auto tag = fbb.CreateString(client_tag.data(), client_tag.size());
-  const auto reason = static_cast<wire::FinishReason>(log.finish ? log.finish->reason : FinishReason::kNone);
+  const auto reason = FinishToWire(log.finish ? log.finish->reason : FinishReason::kNone);
   flatbuffers::Offset<wire::Error> err;
   if (reason == wire::FinishReason_Error) {
     err = wire::CreateError(fbb, wire::ErrorCode_Internal,
@@ -211,7 +205,7 @@ std::string BuildErrorTrajectory(const SampleAddress& at, const Status& error,
                                  std::string_view client_tag) {
   flatbuffers::FlatBufferBuilder fbb(256);
   auto err =
-      wire::CreateError(fbb, ToWire(error.code()), fbb.CreateString(error.message()), at.group_id);
+      ErrorToWire(fbb, error, at.group_id);
   auto tag = fbb.CreateString(client_tag.data(), client_tag.size());
   wire::TrajectoryBuilder b(fbb);
   b.add_group_id(at.group_id);

@@ -97,7 +97,7 @@ class WalLog {
   Status LogTokens(uint64_t traj, std::span<const int32_t> ids, std::span<const float> lps,
                    uint64_t weight_version);
   Status LogFinish(uint64_t traj, wire::FinishReason reason, std::string_view error) {
-    return wal_->AppendFinish(traj, static_cast<FinishReason>(reason), error);
+    return wal_->AppendFinish(traj, FinishFromWire(reason), error);
   }
   Status LogToolCall(uint64_t traj, const wal::ToolCall& c) {
     return wal_->AppendToolCall(traj, c);

@@ -9,7 +9,8 @@
 #include <xxhash.h>
 
 #include "wal/crc32c.h"
-#include "wal_generated.h"
+#include "schema/wal_generated.h"
+#include "schema/wal_translate.h"
 
 namespace bitroll::wal::internal {
 namespace fb = bitroll::wal::fb;
@@ -71,12 +72,8 @@ std::string EncodeHeader(const TrajectoryHeader& h, std::string_view request_dig
   flatbuffers::FlatBufferBuilder b(256 + (blob ? 0 : h.request.size()));
   auto request = Bytes(b, blob ? std::string_view() : std::string_view(h.request));
   auto digest = blob ? Bytes(b, request_digest) : 0;
-  auto backend = b.CreateString(h.fingerprint.backend);
-  auto fp =
-      fb::CreateNumericsFingerprint(b, h.fingerprint.weights_hash, h.fingerprint.kernel_version,
-                                    h.fingerprint.attention_chunk, backend);
-  const fb::SamplingParams sp(h.sampling.temperature, h.sampling.top_k, h.sampling.top_p,
-                              h.sampling.min_p);
+  auto fp = FingerprintToLog(b, h.fingerprint);
+  const fb::SamplingParams sp = SamplingToLog(h.sampling);
   auto body = fb::CreateHeader(b, request, h.group_id, h.sample_index, h.sampling.seed, &sp, h.max_tokens,
                                h.weight_version, fp, digest);
   return Frame(RecordType::kHeader, b, body.Union());
@@ -118,8 +115,8 @@ std::string EncodeToolCall(const ToolCall& c) {
   flatbuffers::FlatBufferBuilder b(128 + c.input.size());
   auto name = b.CreateString(c.tool_name);
   auto input = Bytes(b, c.input);
-  auto body = fb::CreateToolCall(b, c.call_index, c.token_index, name,
-                                   static_cast<uint8_t>(c.tier), input);
+  auto body = fb::CreateToolCall(b, c.call_index, c.token_index, name, TierToLog(c.tier),
+                                   input);
   return Frame(RecordType::kToolCall, b, body.Union());
 }
 
@@ -137,7 +134,7 @@ std::string EncodeToolResult(const ToolResult& r) {
 std::string EncodeFinish(FinishReason reason, std::string_view error) {
   flatbuffers::FlatBufferBuilder b(64 + error.size());
   auto e = b.CreateString(error.data(), error.size());
-  auto body = fb::CreateFinished(b, static_cast<uint8_t>(reason), e);
+  auto body = fb::CreateFinished(b, FinishToLog(reason), e);
   return Frame(RecordType::kFinish, b, body.Union());
 }
 
@@ -273,16 +270,10 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
       }
       o.group_id = h->group_id();
       o.sample_index = h->sample_index();
-      if (const fb::SamplingParams* sp = h->sampling()) {
-        o.sampling = {sp->temperature(), sp->top_k(), sp->top_p(), sp->min_p(), 0};
-      }
-      o.sampling.seed = h->seed();
+      o.sampling = SamplingFromLog(*h);
       o.max_tokens = h->max_tokens();
       o.weight_version = h->weight_version();
-      if (const fb::NumericsFingerprint* fp = h->fingerprint()) {
-        o.fingerprint = {fp->weights_hash(), fp->kernel_version(), fp->attention_chunk(),
-                         Str(fp->backend())};
-      }
+      o.fingerprint = FingerprintFromLog(h->fingerprint());
       break;
     }
     case fb::RecordBody::Tokens: {
@@ -318,7 +309,7 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
       o.call.call_index = c->call_index();
       o.call.token_index = c->token_index();
       o.call.tool_name = Str(c->tool_name());
-      o.call.tier = static_cast<ToolTier>(c->tier());
+      o.call.tier = TierFromLog(c->tier());
       o.call.input = std::string(View(c->input()));
       if (!call_pos_.emplace(o.call.call_index, log_.tool_calls.size()).second) {
         return bad("duplicate tool call index " + std::to_string(o.call.call_index));
@@ -348,7 +339,7 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
     }
     case fb::RecordBody::Finished: {
       const fb::Finished* f = rec->body_as_Finished();
-      log_.finish = FinishRecord{static_cast<FinishReason>(f->reason()), Str(f->error())};
+      log_.finish = FinishRecord{FinishFromLog(f->reason()), Str(f->error())};
       break;
     }
     case fb::RecordBody::Acked:

@@ -5,8 +5,6 @@
 #include <cstdio>
 #include <random>
 
-#include "engine/weight_update.h"
-
 namespace bitroll::rollout {
 
 namespace {
@@ -280,7 +278,7 @@ Result<uint64_t> Client::UpdateWeights(const std::string& path, uint64_t version
 }
 
 Result<size_t> WeightTensorBytes(const WeightTensor& t) {
-  BR_ASSIGN_OR_RETURN(kernels::DType dtype, ParseDType(t.dtype));
+  BR_ASSIGN_OR_RETURN(DType dtype, ParseDType(t.dtype));
   size_t n = 1;
   for (int64_t d : t.shape) {
     if (d < 0) return Status::InvalidArgument("tensor " + t.name + " has a negative dimension");

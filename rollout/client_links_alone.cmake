@@ -63,7 +63,8 @@ endif()
 # may be defined in the executable either.
 find_program(NM nm)
 if(NM)
-  execute_process(COMMAND "${NM}" -C --defined-only "${EXE}" OUTPUT_VARIABLE syms RESULT_VARIABLE rc)
+  execute_process(COMMAND "${NM}" -C --defined-only "${EXE}"
+                  OUTPUT_VARIABLE syms RESULT_VARIABLE rc)
   if(rc EQUAL 0 AND syms MATCHES "bitroll::(engine|wal|sandbox|kernels)::[A-Za-z0-9_:]*")
     message(FATAL_ERROR "client_links_alone: client_example holds module code: ${CMAKE_MATCH_0}")
   endif()

@@ -412,9 +412,7 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
       wal ? wal->counters.tokens_logged : 0, wal ? wal->counters.recovered_tokens : 0,
       wal ? wal->counters.forced_tokens : 0, wal ? wal->counters.resumed : 0,
       wal ? wal->counters.forced_mismatches : 0, wal ? wal->stats().bytes_written : 0,
-      wal && !wal->status().ok() ? wire::CreateError(fbb, ErrorCodeToWire(wal->status().code()),
-                                                     fbb.CreateString(wal->status().message()))
-                                 : 0,
+      wal && !wal->status().ok() ? ErrorToWire(fbb, wal->status()) : 0,
       waiting);
   FinishEnvelope(fbb, request_id, wire::Message_StatusReply, reply.Union());
   SendClient(client, BufferView(fbb));

@@ -467,15 +467,11 @@ class ReplicaLoop {
     std::vector<wire::VersionSpan> spans;
     spans.reserve(out.versions.size());
     for (const auto& v : out.versions) spans.emplace_back(v.begin, v.version);
-    Cost c;
-    c.prefill_computed = out.cost.prefill_computed;
-    c.prefill_cached = out.cost.prefill_cached;
-    c.decode_tokens = out.cost.decode_tokens;
-    c.engine_seconds = out.cost.engine_seconds;
+    const Cost& c = out.cost;  // the engine's four fields; queue, sandbox, WAL, price are added
+                               // by the coordinator
     flatbuffers::Offset<wire::Error> err;
     if (!out.error.ok()) {
-      err = wire::CreateError(fbb, ErrorCodeToWire(out.error.code()), fbb.CreateString(out.error.message()),
-                              m.group_id);
+      err = ErrorToWire(fbb, out.error, m.group_id);
     }
     std::span<const int32_t> toks(out.tokens);
     std::span<const float> lpv(out.logprobs);

@@ -6,8 +6,8 @@
 // their own layout for byte compatibility; schema/wire_translate.h and schema/wal_translate.h are
 // the only code that converts between them and these values.
 //
-// Dependency-free: the C++ standard library and schema/status.h only, so that every module (wal/, engine/, kernels/,
-// sandbox/, rollout/ and the standalone C++ client) may include it.
+// Dependency-free: the C++ standard library and schema/status.h only, so that every module
+// (wal/, engine/, kernels/, sandbox/, rollout/ and the standalone C++ client) may include it.
 //
 // Enum numbering is stored (the WAL) and sent (the wire): append only, never renumber. The
 // translators check every enumerator against its FlatBuffers mirror at compile time.

@@ -74,8 +74,8 @@ std::string EncodeHeader(const TrajectoryHeader& h, std::string_view request_dig
   auto digest = blob ? Bytes(b, request_digest) : 0;
   auto fp = FingerprintToLog(b, h.fingerprint);
   const fb::SamplingParams sp = SamplingToLog(h.sampling);
-  auto body = fb::CreateHeader(b, request, h.group_id, h.sample_index, h.sampling.seed, &sp, h.max_tokens,
-                               h.weight_version, fp, digest);
+  auto body = fb::CreateHeader(b, request, h.group_id, h.sample_index, h.sampling.seed, &sp,
+                               h.max_tokens, h.weight_version, fp, digest);
   return Frame(RecordType::kHeader, b, body.Union());
 }
 

@@ -31,7 +31,7 @@ struct Script {
 // Appends record `seq` of trajectory t.
 Status AppendStep(wal::Wal& w, const Script& s, uint64_t t, uint64_t seq) {
   if (seq == 0) return w.AppendHeader(t, wal::testing::MakeHeader(t));
-  if (seq == s.records() - 1) return w.AppendFinish(t, static_cast<bitroll::FinishReason>(1), "");
+  if (seq == s.records() - 1) return w.AppendFinish(t, bitroll::FinishReason::kLength, "");
   const uint64_t kToolAt = 1 + 4;  // after the 4th batch
   if (seq >= kToolAt && seq < kToolAt + 3) {
     const uint64_t k = seq - kToolAt;
@@ -39,7 +39,7 @@ Status AppendStep(wal::Wal& w, const Script& s, uint64_t t, uint64_t seq) {
       wal::ToolCall c;
       c.call_index = 0;
       c.tool_name = "calc";
-      c.tier = static_cast<bitroll::ToolTier>(1);
+      c.tier = bitroll::ToolTier::kProcess;
       c.input = "2+" + std::to_string(t);
       return w.AppendToolCall(t, c);
     }

@@ -167,7 +167,7 @@ TEST(WalFault, FailedWriteIsStickyAndNothingAfterItIsDurable) {
     const uint64_t durable = w->DurableLsn();
     EXPECT_EQ(durable, 4u);
     ASSERT_TRUE(testing::AppendTokenRange(*w, 1, 48, 64, 16, 1, nullptr).ok());
-    ASSERT_TRUE(w->AppendFinish(1, static_cast<FinishReason>(0), "").ok());
+    ASSERT_TRUE(w->AppendFinish(1, FinishReason::kNone, "").ok());
     ASSERT_TRUE(w->AppendHeader(2, testing::MakeHeader(2)).ok());
     ExpectSameStatus(w->Flush(), injected);  // commit 3 fails
     ExpectSticky(*w, injected);
@@ -220,7 +220,7 @@ TEST(WalFault, FailedWindowSyncIsStickyAndNothingCommittedSinceIsDurable) {
   EXPECT_EQ(w->DurableLsn(), 4u);
   ASSERT_TRUE(WriteTrajectory(*w, 2, 32, false, nullptr).ok());
   ASSERT_TRUE(w->Commit().ok());  // committed, inside the window
-  ASSERT_TRUE(w->AppendFinish(2, static_cast<FinishReason>(0), "").ok());
+  ASSERT_TRUE(w->AppendFinish(2, FinishReason::kNone, "").ok());
   ASSERT_TRUE(w->Commit().ok());
   EXPECT_EQ(w->stats().committed_lsn, 8u);
   fail = true;
@@ -315,7 +315,7 @@ TEST(WalFault, CorruptRecordQuarantinesExactlyItsTrajectory) {
     EXPECT_TRUE(SameBytes(Dump(*after[i]), Dump(*before[i]))) << "traj " << after[i]->id;
   }
   // A quarantined trajectory takes no appends, and the reader names the same record.
-  EXPECT_EQ(w->AppendFinish(3, static_cast<FinishReason>(0), "").code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(w->AppendFinish(3, FinishReason::kNone, "").code(), ErrorCode::kFailedPrecondition);
   EXPECT_EQ(w->ReadTrajectory(3).status().message(), rr.quarantined[0].error.message());
   ASSERT_TRUE(w->Discard(3).ok());
   ASSERT_TRUE(w->Flush().ok());

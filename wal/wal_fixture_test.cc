@@ -116,7 +116,7 @@ TEST(WalFixture, DISABLED_Write) {
   ToolCall call;
   call.call_index = 0;
   call.tool_name = "calc";
-  call.tier = static_cast<ToolTier>(1);
+  call.tier = ToolTier::kProcess;
   call.input = "1+2";
   ASSERT_TRUE(w.AppendToolCall(kT10, call).ok());
   ToolResult result;
@@ -136,9 +136,9 @@ TEST(WalFixture, DISABLED_Write) {
   tb.injected_tokens = {7, 8, 9};
   ASSERT_TRUE(w.AppendTurnBoundary(kT10, tb).ok());
   ASSERT_TRUE(w.AppendTokens(kT10, kIds10b, Floats(kLps10b), 4).ok());
-  ASSERT_TRUE(w.AppendFinish(kT10, static_cast<FinishReason>(2), "").ok());
+  ASSERT_TRUE(w.AppendFinish(kT10, FinishReason::kStop, "").ok());
   ASSERT_TRUE(w.AppendTokens(kT11, kIds11, Floats(kLps11), 3).ok());
-  ASSERT_TRUE(w.AppendFinish(kT11, static_cast<FinishReason>(1), "").ok());
+  ASSERT_TRUE(w.AppendFinish(kT11, FinishReason::kLength, "").ok());
   ASSERT_TRUE(w.Flush().ok());
   ASSERT_TRUE(w.Acknowledge(kT11).ok());
 
@@ -162,7 +162,7 @@ TEST(WalFixture, DISABLED_Write) {
   ASSERT_TRUE(w.AppendTokens(kT20, kIds20, Floats(kLps20), 5).ok());
   g.sample_index = 1;
   ASSERT_TRUE(w.AppendHeader(kT21, g).ok());
-  ASSERT_TRUE(w.AppendFinish(kT21, static_cast<FinishReason>(5), "boom").ok());
+  ASSERT_TRUE(w.AppendFinish(kT21, FinishReason::kError, "boom").ok());
   ASSERT_TRUE(w.AppendGroup(3, kRequest3).ok());
   ASSERT_TRUE(w.Flush().ok());
 }
@@ -191,7 +191,8 @@ class WalFixtureTest : public ::testing::Test {
     ASSERT_TRUE(std::filesystem::exists(src / "data.mdb")) << src;
     for (const auto& e : std::filesystem::directory_iterator(src)) {
       if (e.path().filename() != "data.mdb") continue;  // lock files are never needed
-      std::filesystem::copy_file(e.path(), std::filesystem::path(dir_.path()) / e.path().filename());
+      std::filesystem::copy_file(e.path(),
+                                 std::filesystem::path(dir_.path()) / e.path().filename());
     }
   }
   testing::TempDir dir_{"wal_fixture"};
@@ -327,7 +328,7 @@ TEST_F(WalFixtureTest, RecoversEveryFieldAsWritten) {
   const std::vector<int32_t> more = {3, 4};
   const std::vector<float> more_lps = {-0.5f, -0.25f};
   ASSERT_TRUE(w.AppendTokens(kT20, more, more_lps, 6).ok());
-  ASSERT_TRUE(w.AppendFinish(kT20, static_cast<FinishReason>(3), "").ok());
+  ASSERT_TRUE(w.AppendFinish(kT20, FinishReason::kEos, "").ok());
   ASSERT_TRUE(w.Flush().ok());
   auto resumed = w.ReadTrajectory(kT20);
   ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();

@@ -53,7 +53,7 @@ void WriteGroup(Wal& w, int group, bool finish) {
     const float lp = -0.5f;
     ASSERT_TRUE(w.AppendTokens(id, {&tok, 1}, {&lp, 1}, 1).ok());
     if (finish) {
-      ASSERT_TRUE(w.AppendFinish(id, static_cast<FinishReason>(1), "").ok());
+      ASSERT_TRUE(w.AppendFinish(id, FinishReason::kLength, "").ok());
     }
   }
 }

@@ -54,7 +54,7 @@ void WriteRichTrajectory(Wal& w, uint64_t traj, bool finish, TrajectoryLog* expe
   ToolCall call;
   call.call_index = 0;
   call.tool_name = "python";
-  call.tier = static_cast<ToolTier>(2);
+  call.tier = ToolTier::kContainer;
   call.input = std::string("print(1)\0\xfe", 10);
   ASSERT_TRUE(w.AppendToolCall(traj, call).ok());
   call.token_index = 37;
@@ -78,8 +78,8 @@ void WriteRichTrajectory(Wal& w, uint64_t traj, bool finish, TrajectoryLog* expe
   open_call.token_index = 40;
   expect->tool_calls.push_back({open_call, std::nullopt});
   if (finish) {
-    ASSERT_TRUE(w.AppendFinish(traj, static_cast<FinishReason>(2), "stop").ok());
-    expect->finish = FinishRecord{static_cast<FinishReason>(2), "stop"};
+    ASSERT_TRUE(w.AppendFinish(traj, FinishReason::kStop, "stop").ok());
+    expect->finish = FinishRecord{FinishReason::kStop, "stop"};
   }
 }
 
@@ -124,7 +124,7 @@ TEST(Wal, StatsCountExactlyTheBytesStoredInLmdb) {
     for (uint64_t t = 0; t < 8; ++t) {
       ASSERT_TRUE(w->AppendHeader(t, MakeHeader(t)).ok());
       AppendTokenRange(*w, t, 0, 200, 16, 1, nullptr);
-      ASSERT_TRUE(w->AppendFinish(t, static_cast<FinishReason>(0), "").ok());
+      ASSERT_TRUE(w->AppendFinish(t, FinishReason::kNone, "").ok());
     }
     ASSERT_TRUE(w->Flush().ok());
     st = w->stats();
@@ -238,9 +238,9 @@ TEST(Wal, AppendRulesGiveTypedErrors) {
   EXPECT_EQ(w.AppendToolResult(1, r).code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(w.Acknowledge(1).code(), ErrorCode::kFailedPrecondition);
   EXPECT_EQ(w.Acknowledge(2).code(), ErrorCode::kNotFound);
-  ASSERT_TRUE(w.AppendFinish(1, static_cast<FinishReason>(0), "").ok());
+  ASSERT_TRUE(w.AppendFinish(1, FinishReason::kNone, "").ok());
   EXPECT_EQ(w.AppendTokens(1, ids, lps, 0).code(), ErrorCode::kFailedPrecondition);
-  EXPECT_EQ(w.AppendFinish(1, static_cast<FinishReason>(0), "").code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(w.AppendFinish(1, FinishReason::kNone, "").code(), ErrorCode::kFailedPrecondition);
   EXPECT_TRUE(w.Acknowledge(1).ok());
   EXPECT_EQ(w.Acknowledge(1).code(), ErrorCode::kNotFound);
   EXPECT_TRUE(w.status().ok());
@@ -270,7 +270,7 @@ TEST(Wal, ResumedTrajectoryContinuesAndEqualsUninterruptedRun) {
     ASSERT_EQ(rr.unfinished.size(), 1u);
     ASSERT_EQ(rr.unfinished[0].token_ids.size(), 48u);
     AppendTokenRange(*w, 5, 48, 100, 16, 1, nullptr);
-    ASSERT_TRUE(w->AppendFinish(5, static_cast<FinishReason>(1), "").ok());
+    ASSERT_TRUE(w->AppendFinish(5, FinishReason::kLength, "").ok());
     ASSERT_TRUE(w->Flush().ok());
   }
   {
@@ -278,7 +278,7 @@ TEST(Wal, ResumedTrajectoryContinuesAndEqualsUninterruptedRun) {
     ASSERT_TRUE(w->AppendHeader(5, MakeHeader(5)).ok());
     AppendTokenRange(*w, 5, 0, 48, 16, 1, nullptr);
     AppendTokenRange(*w, 5, 48, 100, 16, 1, nullptr);
-    ASSERT_TRUE(w->AppendFinish(5, static_cast<FinishReason>(1), "").ok());
+    ASSERT_TRUE(w->AppendFinish(5, FinishReason::kLength, "").ok());
     ASSERT_TRUE(w->Flush().ok());
   }
   RecoveryResult r1, r2;
@@ -311,7 +311,7 @@ TEST(Wal, DurableLsnFollowsTheDurabilityMode) {
     EXPECT_EQ(w->DurableLsn(), after_commit);
     EXPECT_EQ(w->IsDurable(1, 0), after_commit == 1);
     EXPECT_EQ(w->stats().committed_lsn, 1u);
-    ASSERT_TRUE(w->AppendFinish(1, static_cast<FinishReason>(0), "").ok());
+    ASSERT_TRUE(w->AppendFinish(1, FinishReason::kNone, "").ok());
     EXPECT_FALSE(w->IsTrajectoryDurable(1));
     ASSERT_TRUE(w->Flush().ok());
     EXPECT_TRUE(w->IsTrajectoryDurable(1));
@@ -334,7 +334,7 @@ TEST(Wal, WindowModeSyncsOnceTheWindowHasPassed) {
   auto w = OpenAndRecover(o);
   ASSERT_TRUE(w->AppendHeader(1, MakeHeader(1)).ok());
   ASSERT_TRUE(w->Flush().ok());  // syncs now; the window restarts
-  ASSERT_TRUE(w->AppendFinish(1, static_cast<FinishReason>(0), "").ok());
+  ASSERT_TRUE(w->AppendFinish(1, FinishReason::kNone, "").ok());
   ASSERT_TRUE(w->Commit().ok());
   EXPECT_EQ(w->DurableLsn(), 1u);  // committed, inside the window: not yet synced
   std::this_thread::sleep_for(std::chrono::milliseconds(510));
@@ -439,7 +439,7 @@ TEST(Wal, AcknowledgedTrajectoriesKeepTheFileBounded) {
     for (int t = 0; t < kTrajs; ++t) {
       ASSERT_TRUE(w->AppendHeader(t, MakeHeader(t)).ok());
       AppendTokenRange(*w, t, 0, 128, 32, 1, nullptr);
-      ASSERT_TRUE(w->AppendFinish(t, static_cast<FinishReason>(0), "").ok());
+      ASSERT_TRUE(w->AppendFinish(t, FinishReason::kNone, "").ok());
       if (ack && t >= kLive) {
         ASSERT_TRUE(w->Acknowledge(t - kLive).ok());
       }
@@ -468,7 +468,7 @@ TEST(Wal, DeletesAdvanceTheLsnAndBecomeDurable) {
     auto w = OpenAndRecover(Opts(dir.path()));
     for (uint64_t t = 1; t <= 3; ++t) {
       ASSERT_TRUE(w->AppendHeader(t, MakeHeader(t)).ok());
-      ASSERT_TRUE(w->AppendFinish(t, static_cast<FinishReason>(0), "").ok());
+      ASSERT_TRUE(w->AppendFinish(t, FinishReason::kNone, "").ok());
     }
     ASSERT_TRUE(w->AppendGroup(9, "request").ok());
     ASSERT_TRUE(w->Commit().ok());
@@ -519,7 +519,7 @@ TEST(Wal, AcknowledgedWithRetentionStaysReadableUntilItEnds) {
     EXPECT_EQ(rr.finished[0].id, 2u);
     ASSERT_TRUE(w->Flush().ok());
     EXPECT_TRUE(w->ReadTrajectory(1).ok());
-    EXPECT_EQ(w->AppendFinish(1, static_cast<FinishReason>(0), "").code(), ErrorCode::kFailedPrecondition);
+    EXPECT_EQ(w->AppendFinish(1, FinishReason::kNone, "").code(), ErrorCode::kFailedPrecondition);
   }
   o.ack_retention_ms = 1;  // a shorter retention applies to earlier acknowledgements too
   std::this_thread::sleep_for(std::chrono::milliseconds(3));

@@ -176,8 +176,8 @@ inline Status WriteTrajectory(Wal& w, uint64_t traj, uint32_t tokens, bool finis
   BR_RETURN_IF_ERROR(w.AppendHeader(traj, e.header));
   BR_RETURN_IF_ERROR(AppendTokenRange(w, traj, 0, tokens, 16, 1, &e));
   if (finish) {
-    BR_RETURN_IF_ERROR(w.AppendFinish(traj, static_cast<FinishReason>(1), ""));
-    e.finish = FinishRecord{static_cast<FinishReason>(1), ""};
+    BR_RETURN_IF_ERROR(w.AppendFinish(traj, FinishReason::kLength, ""));
+    e.finish = FinishRecord{FinishReason::kLength, ""};
   }
   return Status::Ok();
 }

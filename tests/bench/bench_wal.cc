@@ -84,7 +84,7 @@ int RunOne(const std::string& root, const Mode& m, int index) {
       std::this_thread::sleep_for(std::chrono::microseconds(m.step_sleep_us));
   }
   for (int t = 0; t < m.trajs; ++t) {
-    if (!check(w.AppendFinish(t, static_cast<bitroll::FinishReason>(0), ""))) return 1;
+    if (!check(w.AppendFinish(t, bitroll::FinishReason::kNone, ""))) return 1;
   }
   if (!check(w.Flush())) return 1;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

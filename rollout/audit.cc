@@ -116,7 +116,7 @@ AuditVerdict Precheck(const AuditItem& it, size_t index, const engine::ModelInfo
     v.detail = "cannot audit: " + it.parse_error.message();
     return v;
   }
-  const engine::NumericsFingerprint& fp = info.fingerprint;
+  const NumericsFingerprint& fp = info.fingerprint;
   if (r.weights_hash != fp.weights_hash) {
     v.kind = VerdictKind::kWeightsUnavailable;
     v.detail = "weights unavailable: the record was made with weights " + Hex64(r.weights_hash) +
@@ -316,7 +316,7 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
       const Job& j = jobs[o.id];
       const TrajectoryRecord& r = items[j.item].record;
       AuditVerdict& v = verdicts[j.item];
-      if (o.finish == engine::FinishReason::kError || o.finish == engine::FinishReason::kAborted) {
+      if (o.finish == FinishReason::kError || o.finish == FinishReason::kAborted) {
         v.kind = VerdictKind::kError;
         v.detail = "cannot audit: the engine failed the trajectory: " + o.error.ToString();
       } else {

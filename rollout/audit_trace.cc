@@ -99,7 +99,7 @@ Result<LayerTrace> TraceLayers(const engine::EngineOptions& options, const Traje
     Result<engine::StepResult> step = e->Step();
     if (!step.ok()) return step.status();
     for (const engine::SequenceOutput& o : step->finished) {
-      if (o.finish == engine::FinishReason::kError) return o.error;
+      if (o.finish == FinishReason::kError) return o.error;
     }
   }
   if (out.lines.empty()) return Status::Internal("--trace-layers: the position was never computed");

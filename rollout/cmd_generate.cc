@@ -220,7 +220,7 @@ Status LoadPrompts(const GenerateFlags& f, const engine::Tokenizer* tk,
 }
 
 // The engine request of sample j of prompt i.
-engine::SequenceRequest MakeRequest(const GenerateFlags& f, const engine::SamplingParams& sp,
+engine::SequenceRequest MakeRequest(const GenerateFlags& f, const SamplingParams& sp,
                                     const std::vector<Prompt>& prompts, size_t i, int j) {
   engine::SequenceRequest r;
   r.id = i * static_cast<uint64_t>(f.n) + j;
@@ -287,7 +287,7 @@ std::string RunCText(const engine::Tokenizer& tk, const engine::ModelInfo& info,
 
 // One trajectory as generate --json prints it: the audit record (rollout/trajectory_record.h,
 // docs/audit.md) plus the text and the cost.
-nlohmann::json TrajectoryJson(const engine::ModelInfo& info, const engine::SamplingParams& sp,
+nlohmann::json TrajectoryJson(const engine::ModelInfo& info, const SamplingParams& sp,
                               const engine::SequenceRequest& req, const Prompt& p,
                               const engine::SequenceOutput& o, int n, bool have_text,
                               const std::string& text) {
@@ -316,7 +316,7 @@ nlohmann::json TrajectoryJson(const engine::ModelInfo& info, const engine::Sampl
   r.kernel_version = info.fingerprint.kernel_version;
   r.attention_chunk = info.fingerprint.attention_chunk;
   r.backend = info.fingerprint.backend;
-  r.finish = engine::FinishReasonName(o.finish);
+  r.finish = FinishReasonName(o.finish);
   nlohmann::json j = RecordToJson(r);
   if (have_text) j["text"] = text;
   j["cost"] = {{"prefill_tokens_computed", o.cost.prefill_computed},
@@ -326,8 +326,8 @@ nlohmann::json TrajectoryJson(const engine::ModelInfo& info, const engine::Sampl
   return j;
 }
 
-void PrintTrajectories(const engine::CpuEngine& e, const GenerateFlags& f,
-                       const engine::SamplingParams& sp, const std::vector<Prompt>& prompts,
+void PrintTrajectories(const engine::CpuEngine& e, const GenerateFlags& f, const SamplingParams& sp,
+                       const std::vector<Prompt>& prompts,
                        const std::vector<engine::SequenceOutput>& done) {
   const engine::Tokenizer* tk = e.tokenizer();
   const int n = f.n;

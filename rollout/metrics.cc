@@ -34,7 +34,7 @@ constexpr const char* kRegimeNames[kRegimes] = {"agentic", "long_context", "shor
 // (computed + cached), as the report does when a record has no prompt ids.
 constexpr int64_t kLongContextTokens = 2048;
 
-int RegimeOf(const CostInfo& c, int32_t turns) {
+int RegimeOf(const Cost& c, int32_t turns) {
   if (turns > 1) return 0;
   if (c.prefill_computed + c.prefill_cached + c.decode_tokens >= kLongContextTokens) return 1;
   return 2;
@@ -335,7 +335,7 @@ void Metrics::TurnFinished(int64_t sampled_tokens) {
   if (sampled_tokens > 0) impl_->tokens_total.Increment(static_cast<double>(sampled_tokens));
 }
 
-void Metrics::TrajectoryFinished(const CostInfo& cost, int32_t turns) {
+void Metrics::TrajectoryFinished(const Cost& cost, int32_t turns) {
   const int r = RegimeOf(cost, turns);
   impl_->traj_by_regime[r]->Increment();
   if (cost.price_usd > 0) impl_->cost_by_regime[r]->Increment(cost.price_usd);

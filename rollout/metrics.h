@@ -110,7 +110,7 @@ class Metrics {
   void TurnFinished(int64_t sampled_tokens);
   // A trajectory finished (all turns): its total cost and turn count give the regime
   // (rollout/cost_report.h: agentic, long_context, short_chat).
-  void TrajectoryFinished(const CostInfo& cost, int32_t turns);
+  void TrajectoryFinished(const Cost& cost, int32_t turns);
   // One WAL commit took `seconds`; `total_bytes` is the WAL's bytes_written so far.
   void WalCommitted(double seconds, uint64_t total_bytes);
   // A tool call returned from the sandbox.

@@ -447,7 +447,7 @@ Result<TrajectoryRecord> RecordFromWal(const wal::TrajectoryLog& log) {
   r.top_k = h.sampling.top_k;
   r.top_p = h.sampling.top_p;
   r.min_p = h.sampling.min_p;
-  r.seed = h.seed;
+  r.seed = h.sampling.seed;
   r.max_tokens = static_cast<int32_t>(h.max_tokens);
   if (m->stop_ids()) r.stop_ids.assign(m->stop_ids()->begin(), m->stop_ids()->end());
   r.stop_at_eos = m->stop_at_eos();

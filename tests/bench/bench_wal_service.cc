@@ -202,7 +202,7 @@ void MetricsMicro(double traj_per_s) {
     for (int i = 0; i < iters; ++i) fn(i);
     return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / iters;
   };
-  rollout::CostInfo cost;
+  Cost cost;
   cost.prefill_computed = 16;
   cost.decode_tokens = 200;
   cost.engine_seconds = 0.01;

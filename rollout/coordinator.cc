@@ -115,6 +115,7 @@ void Coordinator::State::OnClient(const std::string& client, const zmq::message_
                      Status::InvalidArgument("client_id is longer than " +
                                              std::to_string(kMaxClientIdBytes) + " bytes"));
   }
+  if (wal) (void)ConnectionSeen(client);  // a connection's age counts from its first message
   const std::string owner = OwnerOf(client, *e);
   switch (e->msg_type()) {
     case wire::Message_SubmitRollouts:
@@ -168,6 +169,18 @@ void Coordinator::State::OnSubmit(const std::string& client, const std::string& 
   if (!s.ok()) return SendError(client, e->request_id(), s, gid);
   std::string parked_key;
   if (Group* g = FindGroup(owner, gid, &parked_key)) {
+    if (wal && g->client != client && !g->client.empty() &&
+        ConnectionSeen(client) < g->client_seen) {
+      // ZeroMQ orders messages per connection only: this Submit of an older connection (one
+      // that may be closed, its Submit still in flight) arrived after a newer connection of the
+      // owner re-attached the group. Moving the group back would leave the newer connection
+      // waiting for results that go to the old one; the group stays where it is.
+      return SendError(
+          client, e->request_id(),
+          Status::FailedPrecondition("group " + std::to_string(gid) +
+                                     " is attached to a newer connection of this owner"),
+          gid);
+    }
     if (wal && g->client != client) return Reattach(g, client);
     return SendError(client, e->request_id(),
                      Status::InvalidArgument("group " + std::to_string(gid) + " is still live"),
@@ -230,6 +243,7 @@ Coordinator::State::Group* Coordinator::State::NewGroup(const std::string& clien
                                                         std::string_view bytes, uint64_t serial) {
   auto g = std::make_unique<Group>();
   g->client = client;
+  if (wal && !client.empty()) g->client_seen = ConnectionSeen(client);
   g->owner = owner;
   g->detached = client.empty();
   g->key = key;
@@ -358,6 +372,7 @@ void Coordinator::State::OnAbort(const std::string& client, const std::string& o
   spdlog::info("coordinator: abort group={}", gid);
   if (g->client.empty()) {  // a detached group: the aborting owner gets its GroupDone
     g->client = client;
+    g->client_seen = ConnectionSeen(client);
     g->detached = false;
   }
   AbortGroup(g);
@@ -373,6 +388,7 @@ void Coordinator::State::ClientGone(const std::string& client) {
                  wal ? "detaching" : "aborting", gone.size());
   }
   outboxes.erase(client);
+  connections_seen.erase(client);
   for (Group* g : gone) {
     g->client.clear();  // GroupDone goes nowhere
     if (wal) {
@@ -386,6 +402,23 @@ void Coordinator::State::ClientGone(const std::string& client) {
       AbortGroup(g);
     }
   }
+}
+
+uint64_t Coordinator::State::ConnectionSeen(const std::string& client) {
+  if (auto it = connections_seen.find(client); it != connections_seen.end()) return it->second;
+  if (connections_seen.size() >= std::max(kMaxTrackedConnections, connections_prune_at)) {
+    std::unordered_map<std::string, uint64_t> keep;
+    for (const auto& [k, g] : groups) {
+      if (auto it = connections_seen.find(g->client); it != connections_seen.end()) {
+        keep.insert(*it);
+      }
+    }
+    connections_seen = std::move(keep);
+    connections_prune_at = 2 * connections_seen.size();  // amortized: no rebuild per message
+  }
+  const uint64_t seen = next_connection_seen++;
+  connections_seen.emplace(client, seen);
+  return seen;
 }
 
 void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id) {

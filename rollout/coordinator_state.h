@@ -53,6 +53,9 @@ inline uint64_t HashBytes(const void* data, size_t n, uint64_t h = 0xCBF29CE4842
 // Longest Envelope.client_id accepted.
 constexpr size_t kMaxClientIdBytes = 256;
 
+// Connections whose first-heard order the coordinator keeps before it forgets idle ones.
+constexpr size_t kMaxTrackedConnections = 65536;
+
 // The owner of the groups a client message names: its client_id when set ("c" + id), else its
 // connection ("r" + routing id). docs/protocol.md "Owners".
 inline std::string OwnerOf(const std::string& connection, const wire::Envelope& e) {
@@ -102,6 +105,7 @@ using coordinator_internal::Clock;
 using coordinator_internal::HashBytes;
 using coordinator_internal::kMaxClientIdBytes;
 using coordinator_internal::kMaxReplicaMessageBytes;
+using coordinator_internal::kMaxTrackedConnections;
 using coordinator_internal::OwnerOf;
 using coordinator_internal::RateMeter;
 using coordinator_internal::ReplicaMessageLimit;
@@ -109,8 +113,9 @@ using coordinator_internal::Seconds;
 
 struct Coordinator::State {
   struct Group {
-    std::string client;  // routing id of the DEALER that gets its results (empty: detached)
-    std::string owner;   // OwnerOf() of the submitter; key = owner + group id
+    std::string client;        // routing id of the DEALER that gets its results (empty: detached)
+    uint64_t client_seen = 0;  // ConnectionSeen(client) when it became the group's client
+    std::string owner;         // OwnerOf() of the submitter; key = owner + group id
     std::string key;
     std::string buffer;  // the SubmitRollouts envelope, kept for building work items
     const wire::SubmitRollouts* submit = nullptr;  // points into buffer
@@ -249,6 +254,11 @@ struct Coordinator::State {
   // them why on their next message.
   std::unordered_set<std::string> slow_clients;
   std::unordered_set<std::string> dropped;
+  // WAL mode: the order in which connections were first heard from (ConnectionSeen), so that a
+  // re-attach never moves a group from a newer connection of its owner back to an older one.
+  std::unordered_map<std::string, uint64_t> connections_seen;
+  uint64_t next_connection_seen = 1;
+  size_t connections_prune_at = 0;
   // Groups re-delivering after a re-attach (keys), pumped as their client's output drains.
   std::unordered_set<std::string> redelivering;
   std::unordered_set<int> dead_replicas;
@@ -345,6 +355,10 @@ struct Coordinator::State {
                uint64_t request_id);
 
   void ClientGone(const std::string& client);
+  // When `client` was first heard from (WAL mode): larger is newer. The map is bounded: past
+  // kMaxTrackedConnections entries, those of connections that hold no group are forgotten
+  // (such a connection counts as new if it speaks again).
+  uint64_t ConnectionSeen(const std::string& client);
 
   void OnStatus(const std::string& client, uint64_t request_id);
 

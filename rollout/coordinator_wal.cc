@@ -131,6 +131,7 @@ void Coordinator::State::Reattach(Group* g, const std::string& client) {
   spdlog::info("coordinator: client re-attached to group={} ({} of {} delivered)", g->group_id,
                g->delivered, g->total);
   g->client = client;
+  g->client_seen = ConnectionSeen(client);
   g->detached = false;
   g->redelivering = true;
   g->cursor = 0;

@@ -21,6 +21,8 @@ protocol_model_test.py, which finds such cases at random); one line of verdict e
   early_ack                  an Ack before delivery is ignored (delivery and re-attach unchanged)
   reattach_live_group        close the socket mid-group, reconnect with the same client_id,
                              re-send the SubmitRollouts: every trajectory exactly once, GroupDone
+  stale_submit_after_reattach  an older connection's Submit handled after the re-attach of
+                             the owner's newer connection leaves the group with the newer one
   reattach_after_kill        kill -9 mid-group, restart, re-attach: every trajectory exactly once
   ack_on_resumed_then_kill   Acks of trajectories finished after a restart (resumed from the WAL)
                              survive the next kill -9
@@ -294,6 +296,25 @@ def s_reattach_live_group(e):
     want = {(0, s) for s in range(4)}
     e.expect_exactly("re-attach of a live group after reconnect", *e.collect(a2, 4)[:2],
                      want, SLOW)
+
+
+def s_stale_submit_after_reattach(e):
+    """A connection closed right after a Submit may have it still in flight: ZeroMQ orders
+    messages per connection only, so the coordinator can handle it after the Submit with which
+    the owner's next connection re-attached. The group must stay with the newer connection."""
+    old = e.wire("A")
+    e.sync(old)                    # the older connection is known to the service
+    new = e.wire("A")
+    new.submit(6, SLOW)
+    e.sync(new)                    # the newer connection's Submit is handled first ...
+    old.submit(6, SLOW)            # ... then the old one's, as when it arrives late
+    want = {(0, s) for s in range(4)}
+    trajs, done, _ = e.collect(new, 6)
+    e.expect_exactly("the newer connection after a late Submit of the older one", trajs, done,
+                     want, SLOW)
+    late = [ev for ev in old.recv_all(200) if ev.kind in ("trajectory", "group_done")]
+    if late:
+        raise Check(f"the older connection took the group back: {len(late)} messages")
 
 
 def s_reattach_after_kill(e):

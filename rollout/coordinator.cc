@@ -674,6 +674,19 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(
     });
   }
   c->thread_ = std::thread([st = c->state_.get()] { st->Run(); });
+  // The service is ready once its in-process replicas have joined: an UpdateWeights sent as
+  // soon as Start returns (`serve` then prints its endpoint) would otherwise find no replica
+  // and fail with Unavailable. Bounded: a replica that cannot say hello is logged, not waited
+  // for.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  const int want = static_cast<int>(c->engines_.size());
+  while (s.local_replicas_joined.load() < want && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (s.local_replicas_joined.load() < want) {
+    spdlog::warn("coordinator: {} of {} in-process replicas joined within 10 s",
+                 s.local_replicas_joined.load(), want);
+  }
   return c;
 }
 

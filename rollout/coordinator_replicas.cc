@@ -108,6 +108,7 @@ void Coordinator::State::OnHello(const std::string& identity, const wire::Envelo
   spdlog::info("coordinator: replica {} joined (remote={} capacity={} vocab={})", rep.name,
                rep.remote, rep.capacity, h->vocab_size());
   CatchUp(r);
+  if (!rep.remote) local_replicas_joined.fetch_add(1);
 }
 
 void Coordinator::State::ReplicaDead(int r, const char* why) {

@@ -10,6 +10,7 @@
 #include "rollout/coordinator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -238,6 +239,8 @@ struct Coordinator::State {
   zmq::socket_t front;
   zmq::socket_t back;
   const std::atomic<bool>* stop = nullptr;
+  // In-process replicas that said hello; Coordinator::Start waits for all of them.
+  std::atomic<int> local_replicas_joined{0};
 
   std::unordered_map<std::string, std::unique_ptr<Group>> groups;
   std::unordered_map<uint64_t, Work> works;

@@ -16,6 +16,7 @@
 #include "rollout/null_engine.h"
 #include "rollout/replica.h"
 #include "rollout/self_test_gate.h"
+#include "rollout/weights_registry.h"
 
 namespace bitroll::rollout {
 
@@ -107,6 +108,11 @@ int CmdServe(int argc, char** argv) {
           "sequences of {}",
           tokens, tokens / ctx, ctx);
     }
+  }
+  if (!engines.empty() && !c.coordinator.wal.dir.empty()) {  // version 0 in weights.jsonl
+    Status w = RecordInitialWeights(c.coordinator.wal.dir, c.engine_options.model_path,
+                                    engines[0]->info().fingerprint.weights_hash);
+    if (!w.ok()) spdlog::error("bitroll serve: weights registry: {}", w.ToString());
   }
   c.coordinator.local_replica.name = "local";
   auto metrics = StartMetrics("serve", c);

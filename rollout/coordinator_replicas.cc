@@ -58,6 +58,8 @@ void Coordinator::State::OnReplica(const std::string& identity, const zmq::messa
       return OnResults(r, e->msg_as_ReplicaResults());
     case wire::Message_Ack:
       replicas[r].weight_version = e->msg_as_Ack()->weight_version();
+      if (e->request_id() == update.replica_request_id && e->msg_as_Ack()->weights_hash() != 0)
+        update.weights_hash = e->msg_as_Ack()->weights_hash();  // for the weights registry
       return OnUpdateReply(r, e->request_id(), Status::Ok());
     case wire::Message_Error:
       return OnUpdateReply(r, e->request_id(), StatusFromWire(e->msg_as_Error()));

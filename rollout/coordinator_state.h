@@ -222,6 +222,7 @@ struct Coordinator::State {
     std::string message;                      // the client's UpdateWeights envelope (verified)
     std::shared_ptr<const std::string> body;  // part / commit: the envelope sent to replicas
     Status error;                             // first replica failure
+    uint64_t weights_hash = 0;                // of the installed weights (a replica's Ack)
     std::unordered_set<int> waiting;          // replicas that have not acked
     std::unordered_set<int> installed;        // replicas that acked (installed / staged it)
   };
@@ -282,6 +283,9 @@ struct Coordinator::State {
   std::vector<uint64_t> waiting_weights;
   uint64_t weight_version = 0;
   std::optional<NumericsFingerprint> fingerprint;
+  // The weights hash of the live weights once an update installed them (a replica's Ack, or the
+  // weights registry after a restart); 0: the replicas' own (fingerprint). Logged in headers.
+  uint64_t live_weights_hash = 0;
   uint64_t trajectories_done = 0;
   int64_t total_cached = 0, total_computed = 0;
   RateMeter rate;
@@ -398,6 +402,9 @@ struct Coordinator::State {
   // the replicas after a restart; streamed and NCCL weights must be sent again by the trainer.
   void SaveLiveWeights(const std::string& source);
   void RestoreLiveWeights();
+  // With a WAL: appends the version just installed to <data dir>/weights.jsonl
+  // (rollout/weights_registry.h), fsync'd, before the update is acknowledged.
+  void RecordVersionInRegistry();
 
   void OnDrain(const std::string& client, uint64_t request_id, bool resume);
 

@@ -23,7 +23,8 @@ void Coordinator::State::CheckWal(const Status& s) {
 void Coordinator::State::LogDispatch(Work* w) {
   Group* g = w->group;
   if (!w->header_logged) {
-    const NumericsFingerprint fp = fingerprint.value_or(NumericsFingerprint{});
+    NumericsFingerprint fp = fingerprint.value_or(NumericsFingerprint{});
+    if (live_weights_hash != 0) fp.weights_hash = live_weights_hash;  // of weight_version
     CheckWal(wal->LogHeader(w->id, g->serial, w->sample_index, *g->submit, g->buffer,
                             weight_version, fp));
     w->header_logged = true;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rollout/coordinator_state.h"
+#include "rollout/weights_registry.h"
 
 namespace bitroll::rollout {
 
@@ -262,10 +263,12 @@ void Coordinator::State::MaybeFinishUpdate() {
       break;
   }
   weight_version = update.version;
+  live_weights_hash = update.weights_hash;
   spdlog::info("coordinator: weights version={} live on every replica", weight_version);
   SaveLiveWeights(update.kind == Kind::kPath   ? "path"
                   : update.kind == Kind::kNccl ? "nccl"
                                                : "tensors");
+  if (wal != nullptr) RecordVersionInRegistry();  // weights.jsonl, fsync'd before the Ack
   ReleaseWaitingWork();
   SendAck(update.client, update.request_id, update.version);
   update = PendingUpdate{};
@@ -323,6 +326,19 @@ void Coordinator::State::SaveLiveWeights(const std::string& source) {
   }
 }
 
+void Coordinator::State::RecordVersionInRegistry() {
+  Status s =
+      RecordWeightsVersion(options.wal.dir, weight_version,
+                           update.kind == Kind::kPath   ? "path"
+                           : update.kind == Kind::kNccl ? "nccl"
+                                                        : "tensors",
+                           update.kind == Kind::kPath ? update.path : "", update.weights_hash);
+  if (!s.ok()) {
+    spdlog::error("coordinator: weights version={} is not in the weights registry: {}",
+                  weight_version, s.ToString());
+  }
+}
+
 void Coordinator::State::RestoreLiveWeights() {
   const std::filesystem::path file = std::filesystem::path(options.wal.dir) / "weights.json";
   std::ifstream in(file);
@@ -338,6 +354,7 @@ void Coordinator::State::RestoreLiveWeights() {
   if (!path.empty()) {
     weights_path = path;
     weight_version = version;
+    live_weights_hash = RegisteredWeightsHash(options.wal.dir, version);
     spdlog::info("coordinator: live weights version={} from {} (re-applied to every replica)",
                  version, path);
   } else {

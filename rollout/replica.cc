@@ -227,7 +227,7 @@ class ReplicaLoop {
   void SendUpdateReply(uint64_t request_id, const Status& s) {
     flatbuffers::FlatBufferBuilder fbb(256);
     if (s.ok()) {
-      auto ack = wire::CreateAck(fbb, 0, 0, 0, version_);
+      auto ack = wire::CreateAck(fbb, 0, 0, 0, version_, engine_.info().fingerprint.weights_hash);
       FinishEnvelope(fbb, request_id, wire::Message_Ack, ack.Union());
     } else {
       auto err = ErrorToWire(fbb, s);

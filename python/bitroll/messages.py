@@ -44,6 +44,10 @@ ERROR_NAMES = _names(p.ErrorCode)  # code value -> CamelCase name of bitroll::Er
 # "length", "stop", "eos", "aborted", "error", "tool_call", ...
 FINISH_NAMES = {v: _snake(k.rstrip("_")) for v, k in _names(p.FinishReason).items()}
 TIER_NAMES = {v: k.lower() for v, k in _names(p.ToolTier).items()}  # "function", "process", ...
+# snake-case name -> schema/status.h number (the wire ErrorCode has the same numbering)
+ERROR_CODES = {_snake(k): v for v, k in ERROR_NAMES.items()}
+# rollout/tool_call.h kDefaultResultTemplate
+DEFAULT_RESULT_TEMPLATE = "\n<result>{output}</result>\n"
 
 
 def error(e):
@@ -99,6 +103,67 @@ class Trajectory:
             "mask": [] if self.mask is None else self.mask.tolist(),
             "tool_calls": [{**c, "error": None if c["error"] is None else str(c["error"])}
                            for c in (self.tool_calls or [])]})
+
+    def audit_record(self, prompt, params=None, seed=0, max_tokens=256, stop_ids=(),
+                     stop_at_eos=True, tool_result_template=None):
+        """The audit record (docs/audit.md, version 1) of this trajectory, as a dict.
+
+        A trajectory does not repeat its request: pass what was submitted for it (the prompt of
+        its prompt_index, as ids or text, and submit()'s params, seed, max_tokens, stop_ids,
+        stop_at_eos, tool_result_template). The wire does not carry a tool's stderr, so when a
+        call exited non-zero without a typed error the record leaves out tool_result_template
+        (the audit then forces the injected tokens without re-deriving them)."""
+        params = params or {}
+        n = len(self.ids)
+        mask = [1] * n if self.mask is None or len(self.mask) != n else \
+            [int(m) for m in self.mask.tolist()]
+        bits = self.logprobs.astype(np.float32).view(np.uint32).tolist()
+        turn_begins = [0] + [i for i in range(1, n) if mask[i] == 0 and mask[i - 1] == 1]
+        calls, derivable = [], True
+        for k, c in enumerate(self.tool_calls or []):
+            err = c.get("error")
+            code = 0 if err is None else ERROR_CODES.get(err.code, ERROR_CODES["internal"])
+            derivable = derivable and (err is not None or c["exit_status"] == 0)
+            calls.append({"call_index": k, "token_index": c["token_index"], "name": c["name"],
+                          "input": c["input"],
+                          "result": {"exit_status": c["exit_status"], "stdout": c["output"],
+                                     "stderr": "", "error": "" if err is None else str(err),
+                                     "error_code": code,
+                                     "error_message": "" if err is None else err.message}})
+        f32 = lambda x: float(np.float32(x))  # noqa: E731 (the exact value of the fp32)
+        rec = {
+            "record_version": 1, "source": "client", "group_id": self.group_id,
+            "prompt_index": self.prompt_index, "sample_index": self.sample_index,
+            "ids": self.ids.tolist(), "mask": mask,
+            "logprob_bits": [f"{b:08x}" if m else "00000000" for b, m in zip(bits, mask)],
+            "logprobs": self.logprobs.tolist(), "turn_begins": turn_begins,
+            "tool_calls": calls,
+            "sampling": {"temperature": f32(params.get("temperature", 1.0)),
+                         "top_k": int(params.get("top_k", 0)),
+                         "top_p": f32(params.get("top_p", 1.0)),
+                         "min_p": f32(params.get("min_p", 0.0))},
+            "seed": str(int(seed)),
+            "stop": {"max_tokens": int(max_tokens), "stop_ids": [int(x) for x in stop_ids],
+                     "stop_at_eos": bool(stop_at_eos), "stop_at_bos": True},
+            "weight_versions": [{"begin": b, "version": v} for b, v in self.versions] or
+                               [{"begin": 0, "version": 0}],
+            "fingerprint": {"weights_hash": f"{self.fingerprint.get('weights_hash', 0):016x}",
+                            "kernel_version": self.fingerprint.get("kernel_version", 0),
+                            "attention_chunk": self.fingerprint.get("attention_chunk", 0),
+                            "backend": self.fingerprint.get("backend", "")},
+            "finish": self.finish.replace("_", ""),
+        }
+        if isinstance(prompt, str):
+            rec["prompt_text"] = prompt
+        else:
+            rec["prompt_ids"] = [int(x) for x in prompt]
+        if calls and derivable:
+            rec["tool_result_template"] = tool_result_template or DEFAULT_RESULT_TEMPLATE
+        return rec
+
+    def to_audit_json(self, prompt, **request):
+        """audit_record(prompt, **request) as one JSON Lines line (no newline)."""
+        return json.dumps(self.audit_record(prompt, **request), ensure_ascii=False)
 
 
 @dataclass

@@ -8,6 +8,7 @@
 // (or a usage error).
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -23,10 +24,12 @@
 #include "engine/tokenizer.h"
 #include "rollout/audit.h"
 #include "rollout/audit_trace.h"
+#include "rollout/audit_weights.h"
 #include "rollout/cli_args.h"
 #include "rollout/commands.h"
 #include "rollout/progress.h"
 #include "rollout/trajectory_record.h"
+#include "rollout/weights_registry.h"
 #include "wal/wal.h"
 
 namespace bitroll::rollout {
@@ -150,7 +153,7 @@ constexpr int kMaxExplained = 16;
 
 struct AuditFlags {
   engine::EngineOptions eo;
-  std::string file, data_dir, mode = "rescore";
+  std::string file, data_dir, mode = "rescore", registry;
   bool json = false;
   int64_t kv_cache_mb = 0;
   int32_t trace_position = -1;
@@ -209,6 +212,61 @@ int TraceCommand(const AuditFlags& f, const std::vector<AuditItem>& items) {
   return 0;
 }
 
+// Audits each model file's records on an engine of that file (the plan's grouping), in input
+// order; records the plan refused keep its verdict.
+Result<std::vector<AuditVerdict>> AuditPlanned(const AuditFlags& f, const AuditOptions& ao,
+                                               const std::vector<AuditItem>& items,
+                                               const WeightsPlan& plan, AuditStats* stats) {
+  std::vector<AuditVerdict> out(items.size());
+  ProgressLine progress("bitroll audit", static_cast<int64_t>(items.size()),
+                        ProgressUnit{"trajectories", 1});
+  int64_t finished = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (plan.file_of_item[i] >= 0) continue;
+    if (plan.verdicts[i]) {
+      out[i] = *plan.verdicts[i];
+    } else {  // no file at all: only parse errors and records without any weights get here
+      out[i].index = i;
+      out[i].kind = VerdictKind::kWeightsUnavailable;
+      out[i].detail = "weights unavailable: no model file (give --model)";
+      if (!items[i].parse_error.ok()) {
+        out[i].kind = VerdictKind::kIncomplete;
+        out[i].detail = "cannot audit: " + items[i].parse_error.message();
+      }
+    }
+    ++finished;
+  }
+  progress.Update(finished);
+  for (size_t k = 0; k < plan.files.size(); ++k) {
+    std::vector<AuditItem> sub;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (plan.file_of_item[i] != static_cast<int>(k)) continue;
+      sub.push_back(items[i]);
+      where.push_back(i);
+    }
+    AuditFlags fk = f;
+    fk.eo.model_path = plan.files[k];
+    Result<std::unique_ptr<engine::Engine>> e = OpenAuditEngine(fk);
+    if (!e.ok()) return e.status().WithContext(plan.files[k]);
+    AuditStats s;
+    const int64_t base = finished;
+    BR_ASSIGN_OR_RETURN(
+        std::vector<AuditVerdict> v,
+        AuditRecords(**e, sub, ao, &s, [&](int64_t done) { progress.Update(base + done); }));
+    finished += static_cast<int64_t>(sub.size());
+    for (size_t j = 0; j < v.size(); ++j) {
+      v[j].index = where[j];
+      out[where[j]] = std::move(v[j]);
+    }
+    stats->tokens_checked += s.tokens_checked;
+    stats->tokens_processed += s.tokens_processed;
+    stats->engine_seconds += s.engine_seconds;
+  }
+  progress.Finish();
+  return out;
+}
+
 void PrintTable(const std::vector<AuditVerdict>& verdicts) {
   std::printf("%6s %10s %6s %6s %7s  %-20s %s\n", "#", "group", "prompt", "sample", "tokens",
               "verdict", "detail");
@@ -238,6 +296,11 @@ int CmdAudit(int argc, char** argv) {
            "DIR");
   p.String("--model", &f.eo.model_path,
            "the weights the records claim (env BITROLL_MODEL is the default)", "PATH");
+  p.String("--weights-registry", &f.registry,
+           "which file each weight version was (a service's weights.jsonl; found in --data-dir "
+           "without this flag): each record is audited with its version's file, refused when "
+           "the file changed",
+           "FILE");
   p.String("--tokenizer", &f.eo.tokenizer_path, "for records whose prompt is text", "PATH");
   p.String("--mode", &f.mode,
            "rescore (default: one teacher-forced prefill per trajectory) or rerun (regenerate "
@@ -274,8 +337,13 @@ int CmdAudit(int argc, char** argv) {
   if (s.ok() && f.file.empty() == f.data_dir.empty()) {
     s = Status::InvalidArgument("give either FILE.jsonl or --data-dir DIR");
   }
-  if (s.ok() && f.eo.model_path.empty()) {
-    s = Status::InvalidArgument("--model is required (or set BITROLL_MODEL)");
+  if (f.registry.empty() && !f.data_dir.empty() &&
+      std::filesystem::exists(WeightsRegistryPath(f.data_dir))) {
+    f.registry = WeightsRegistryPath(f.data_dir);
+  }
+  if (s.ok() && f.eo.model_path.empty() && f.registry.empty()) {
+    s = Status::InvalidArgument(
+        "--model is required (or set BITROLL_MODEL), unless a weights registry names the files");
   }
   if (s.ok() && f.mode != "rescore" && f.mode != "rerun") {
     s = Status::InvalidArgument("--mode must be rescore or rerun, got '" + f.mode + "'");
@@ -289,6 +357,7 @@ int CmdAudit(int argc, char** argv) {
   if (!s.ok()) return UsageError("audit", s);
   f.eo.kv_cache_bytes = f.kv_cache_mb * (int64_t{1} << 20);
   AuditOptions ao;
+  AuditStats stats_holder;
   ao.mode = f.mode == "rerun" ? AuditMode::kRerun : AuditMode::kRescore;
   ao.tolerance = f.tolerance;
 
@@ -298,23 +367,40 @@ int CmdAudit(int argc, char** argv) {
     std::fprintf(stderr, "bitroll audit: %s\n", items.status().ToString().c_str());
     return 2;
   }
-  if (p.Given("--trace-layers")) return TraceCommand(f, *items);
-  Result<std::unique_ptr<engine::Engine>> e = OpenAuditEngine(f);
-  if (!e.ok()) {
-    std::fprintf(stderr, "bitroll audit: %s\n", e.status().ToString().c_str());
-    return 2;
+  std::optional<std::vector<WeightsEntry>> registry;
+  if (!f.registry.empty()) {
+    Result<std::vector<WeightsEntry>> r = ReadWeightsRegistry(f.registry);
+    if (!r.ok()) {
+      std::fprintf(stderr, "bitroll audit: %s\n", r.status().ToString().c_str());
+      return 2;
+    }
+    registry = std::move(r).value();
   }
-  AuditStats stats;
-  std::optional<ProgressLine> progress;
-  progress.emplace("bitroll audit", static_cast<int64_t>(items->size()),
-                   ProgressUnit{"trajectories", 1});
-  Result<std::vector<AuditVerdict>> verdicts =
-      AuditRecords(**e, *items, ao, &stats, [&](int64_t done) { progress->Update(done); });
-  progress->Finish();
+  const WeightsPlan plan = PlanAuditWeights(
+      *items, registry ? &*registry : nullptr, f.eo.model_path,
+      [](const std::string& path) -> Result<uint64_t> {
+        BR_ASSIGN_OR_RETURN(engine::ModelWeights w, engine::LoadModelWeights(path));
+        return w.weights_hash;
+      });
+  if (p.Given("--trace-layers")) {
+    if (f.eo.model_path.empty() && f.record >= 0 &&
+        f.record < static_cast<int64_t>(items->size()) && plan.file_of_item[f.record] >= 0) {
+      f.eo.model_path = plan.files[plan.file_of_item[f.record]];
+    }
+    if (f.eo.model_path.empty()) {
+      std::fprintf(stderr, "bitroll audit: record %" PRId64 ": %s\n", f.record,
+                   plan.verdicts[f.record] ? plan.verdicts[f.record]->detail.c_str()
+                                           : "no model file (give --model)");
+      return 2;
+    }
+    return TraceCommand(f, *items);
+  }
+  Result<std::vector<AuditVerdict>> verdicts = AuditPlanned(f, ao, *items, plan, &stats_holder);
   if (!verdicts.ok()) {
     std::fprintf(stderr, "bitroll audit: %s\n", verdicts.status().ToString().c_str());
     return 2;
   }
+  AuditStats& stats = stats_holder;
   // The top-5 alternatives at the first divergences: one more prefill each, to that position.
   int explained = 0;
   for (AuditVerdict& v : *verdicts) {
@@ -323,8 +409,10 @@ int CmdAudit(int argc, char** argv) {
     }
     ++explained;
     Divergence& d = *v.divergence;
+    engine::EngineOptions eo = f.eo;
+    if (plan.file_of_item[v.index] >= 0) eo.model_path = plan.files[plan.file_of_item[v.index]];
     Result<std::vector<Alternative>> alt =
-        TopAlternatives(f.eo, (*items)[v.index].record, d.position - 1, 5);
+        TopAlternatives(eo, (*items)[v.index].record, d.position - 1, 5);
     if (!alt.ok()) continue;
     std::string s = "; top-5 there:";
     for (const Alternative& a : *alt) {
@@ -339,7 +427,12 @@ int CmdAudit(int argc, char** argv) {
   for (const AuditVerdict& v : *verdicts) ++counts[static_cast<int>(v.kind)];
   const int rc = AuditExitStatus(*verdicts);
   const double tps = stats.engine_seconds > 0 ? stats.tokens_checked / stats.engine_seconds : 0;
-  const std::string hash = Hex64((*e)->info().fingerprint.weights_hash);
+  std::string hash;
+  for (const std::string& file : plan.files) {
+    if (!hash.empty()) hash += ",";
+    Result<engine::ModelWeights> w = engine::LoadModelWeights(file);
+    hash += w.ok() ? Hex64(w->weights_hash) : "?";
+  }
   if (f.json) {
     nlohmann::json j;
     j["mode"] = f.mode;

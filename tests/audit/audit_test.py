@@ -69,8 +69,9 @@ class Ctx:
     def audit(self, source, mode, extra=(), model=None):
         """(exit status, parsed --json output) of `bitroll audit`."""
         src = ["--data-dir", source] if os.path.isdir(source) else [source]
-        argv = [self.bitroll, "audit"] + src + ["--model", model or self.model, "--mode", mode,
-                                                "--json"] + list(extra)
+        # model "": no --model (the weights registry names the files)
+        m = [] if model == "" else ["--model", model or self.model]
+        argv = [self.bitroll, "audit"] + src + m + ["--mode", mode, "--json"] + list(extra)
         rc, out, err = run(argv)
         try:
             return rc, json.loads(out)
@@ -428,6 +429,87 @@ def test_service(c, trajectories):
     expect_one("exported records with one flipped bit", rc, j, k, "diverged", 1, token=300)
 
 
+def test_weights_versions(c):
+    print("[5] weights by version: a path update mid-run; records of the Python client audit "
+          "through the data directory's weights.jsonl; a replaced file is refused")
+    data = os.path.join(c.tmp, "data_versions")
+    wdir = os.path.join(c.tmp, "weights")
+    rc, _, err = run([c.bitroll, "make-model", "--shape", "stories260k", "--seed", "7",
+                      "--out", wdir])
+    if not check(rc == 0, f"make-model failed: {err}"):
+        return
+    v1 = os.path.join(wdir, "model.bin")
+    srv = oc.Server(c.bitroll, c.model, data_dir=data, replicas=1).start()
+    cl = oc.bitroll.Client(srv.endpoint, timeout_ms=60000, client_id="audit-versions")
+    req = dict(params={"temperature": 0.9, "top_p": 0.95}, seed=21, max_tokens=40)
+    prompts = [[1, 403, 407], [1, 10, 20, 30]]
+    a = cl.submit(prompts, n=3, group_id=1, **req).result()  # version 0
+    # A long group running while version 1 goes live (no drain): its trajectories span both.
+    lreq = dict(params={"temperature": 0.9}, seed=5, max_tokens=480, stop_at_eos=False)
+    lprompts = [[1, 50, 60], [1, 70, 80]]
+    lg = cl.submit(lprompts, n=16, group_id=2, stream_tokens=True, **lreq)
+    wait_for_tokens(cl, lg, 200)  # of 15,360
+    check(cl.update_weights(v1, 1) == 1, "update_weights did not make version 1 live")
+    long_ = lg.result()
+    b = cl.submit(prompts, n=3, group_id=3, **req).result()  # version 1
+    srv.kill9()
+    cl.close()
+    reg = [json.loads(line) for line in open(os.path.join(data, "weights.jsonl"))]
+    print(f"  weights.jsonl: {[(e['version'], e['source'], e['weights_hash']) for e in reg]}")
+    hash_of = lambda t: f"{t.fingerprint['weights_hash']:016x}"  # noqa: E731
+    check([e["version"] for e in reg] == [0, 1] and reg[1]["path"] == os.path.abspath(v1)
+          and reg[0]["weights_hash"] == hash_of(a[0]) and reg[1]["weights_hash"] == hash_of(b[0])
+          and hash_of(a[0]) != hash_of(b[0]),
+          f"weights.jsonl does not hold version 0 and the path of version 1 with their hashes: "
+          f"{reg}")
+    multi = sum(1 for t in long_ if len({v for _, v in t.versions}) > 1)
+    check(multi > 0, f"no trajectory of the long group spans two versions: "
+          f"{[t.versions for t in long_]}")
+
+    def records(ts, prompts, req):
+        return [t.audit_record(prompts[t.prompt_index], **req) for t in ts]
+    recs = records(a, prompts, req) + records(b, prompts, req)
+    path = c.write(recs)
+    registry = ["--weights-registry", os.path.join(data, "weights.jsonl")]
+    for mode in ("rescore", "rerun"):
+        rc, j = c.audit(path, mode, extra=registry, model="")
+        all_identical(f"Python client records of versions 0 and 1 ({mode})", rc, j, len(recs))
+    # Negative control: without the registry, --model holds version 0 only.
+    rc, j = c.audit(path, "rescore")
+    bad = [k for k, v in enumerate(j["verdicts"]) if v["verdict"] == "weights_unavailable"]
+    check(rc == 2 and bad == list(range(len(a), len(recs))),
+          f"without the registry: exit {rc}, weights_unavailable at {bad}, want the version-1 "
+          f"records {list(range(len(a), len(recs)))}")
+    # The data directory (its weights.jsonl found there): version 0 and 1 clean, the records
+    # spanning both refused as multi-version, naming both files.
+    rc, j = c.audit(data, "rescore", model="")
+    vs = j["verdicts"]
+    mv = [v for v in vs if v["verdict"] == "weights_unavailable"]
+    check(rc == 2 and len(mv) == multi and all("multi-version record needs" in v["detail"]
+                                                 and v1 in v["detail"] for v in mv)
+          and all(v["verdict"] == "identical" for v in vs if v not in mv),
+          f"audit --data-dir with weights versions: exit {rc}, {[v['detail'] for v in mv][:1]}, "
+          f"{[v['verdict'] for v in vs]}")
+    print(f"  multi-version: {mv[0]['detail'] if mv else None}")
+    # The file of version 1 replaced by other weights: its records are refused, naming it.
+    rc, _, err = run([c.bitroll, "make-model", "--shape", "stories260k", "--seed", "8",
+                      "--out", wdir])
+    check(rc == 0, f"make-model failed: {err}")
+    rc, j = c.audit(path, "rescore", extra=registry, model="")
+    want = (f"weights unavailable: version 1 was {os.path.abspath(v1)} (hash {reg[1]['weights_hash']}), "
+            f"file now hashes ")
+    vs = j["verdicts"]
+    check(rc == 2 and all(v["verdict"] == "identical" for v in vs[:len(a)])
+          and all(v["verdict"] == "weights_unavailable" and v["detail"].startswith(want)
+                  for v in vs[len(a):]),
+          f"replaced version-1 file: exit {rc}, {[(v['verdict'], v.get('detail')) for v in vs][-1:]}")
+    print(f"  replaced file: {vs[-1].get('detail')}")
+    os.remove(v1)
+    rc, j = c.audit(path, "rescore", extra=registry, model="")
+    check(rc == 2 and "file now cannot be read" in j["verdicts"][-1].get("detail", ""),
+          f"removed version-1 file: exit {rc}, {j['verdicts'][-1].get('detail')}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bitroll", default=oc.default_bitroll())
@@ -444,6 +526,7 @@ def main():
         test_generate_and_tampering(c)
         test_isa(c)
         if not a.skip_service:
+            test_weights_versions(c)
             test_service(c, a.trajectories)
     return oc.report("audit_test", FAILURES, t0)
 

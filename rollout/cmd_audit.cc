@@ -23,6 +23,7 @@
 #include "engine/model_loader.h"
 #include "engine/tokenizer.h"
 #include "rollout/audit.h"
+#include "rollout/audit_connect.h"
 #include "rollout/audit_trace.h"
 #include "rollout/audit_weights.h"
 #include "rollout/cli_args.h"
@@ -153,7 +154,7 @@ constexpr int kMaxExplained = 16;
 
 struct AuditFlags {
   engine::EngineOptions eo;
-  std::string file, data_dir, mode = "rescore", registry;
+  std::string file, data_dir, mode = "rescore", registry, connect;
   bool json = false;
   int64_t kv_cache_mb = 0;
   int32_t trace_position = -1;
@@ -301,6 +302,11 @@ int CmdAudit(int argc, char** argv) {
            "without this flag): each record is audited with its version's file, refused when "
            "the file changed",
            "FILE");
+  p.String("--connect", &f.connect,
+           "check the records against a running service first: those of another numerics "
+           "fingerprint, or of its live version with other weights, are refused (it cannot "
+           "have made them); the rest are audited as usual",
+           "tcp://HOST:PORT");
   p.String("--tokenizer", &f.eo.tokenizer_path, "for records whose prompt is text", "PATH");
   p.String("--mode", &f.mode,
            "rescore (default: one teacher-forced prefill per trajectory) or rerun (regenerate "
@@ -376,12 +382,33 @@ int CmdAudit(int argc, char** argv) {
     }
     registry = std::move(r).value();
   }
-  const WeightsPlan plan = PlanAuditWeights(
-      *items, registry ? &*registry : nullptr, f.eo.model_path,
-      [](const std::string& path) -> Result<uint64_t> {
-        BR_ASSIGN_OR_RETURN(engine::ModelWeights w, engine::LoadModelWeights(path));
-        return w.weights_hash;
-      });
+  std::optional<ServiceIdentity> service;
+  if (!f.connect.empty()) {
+    Result<ServiceIdentity> s = QueryServiceIdentity(f.connect, 10000);
+    if (!s.ok()) {
+      std::fprintf(stderr, "bitroll audit: --connect %s: %s\n", f.connect.c_str(),
+                   s.status().ToString().c_str());
+      return 2;
+    }
+    service = *s;
+    std::fprintf(stderr,
+                 "bitroll audit: the service at %s serves weights version %" PRIu64
+                 " (hash %s), kernel %u, chunk %u, backend %s\n",
+                 s->endpoint.c_str(), s->weight_version, Hex64(s->weights_hash).c_str(),
+                 s->kernel_version, s->attention_chunk, s->backend.c_str());
+  }
+  WeightsPlan plan = PlanAuditWeights(*items, registry ? &*registry : nullptr, f.eo.model_path,
+                                      [](const std::string& path) -> Result<uint64_t> {
+                                        BR_ASSIGN_OR_RETURN(engine::ModelWeights w,
+                                                            engine::LoadModelWeights(path));
+                                        return w.weights_hash;
+                                      });
+  for (size_t i = 0; service && i < items->size(); ++i) {
+    if (std::optional<AuditVerdict> v = CheckAgainstService((*items)[i], i, *service)) {
+      plan.verdicts[i] = std::move(v);
+      plan.file_of_item[i] = -1;
+    }
+  }
   if (p.Given("--trace-layers")) {
     if (f.eo.model_path.empty() && f.record >= 0 &&
         f.record < static_cast<int64_t>(items->size()) && plan.file_of_item[f.record] >= 0) {

@@ -436,6 +436,13 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
     auto it = works.find(id);
     waiting += it != works.end() && it->second.replica < 0 && !it->second.tool_running ? 1 : 0;
   }
+  flatbuffers::Offset<wire::Fingerprint> fp = 0;
+  if (fingerprint) {
+    fp = wire::CreateFingerprint(
+        fbb, live_weights_hash != 0 ? live_weights_hash : fingerprint->weights_hash,
+        fingerprint->kernel_version, fingerprint->attention_chunk,
+        fbb.CreateString(fingerprint->backend));
+  }
   auto reply = wire::CreateStatusReply(
       fbb, kProtocolVersion, static_cast<uint32_t>(queued),
       static_cast<uint32_t>(works.size() - queued), static_cast<uint32_t>(groups.size()),
@@ -446,7 +453,7 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
       wal ? wal->counters.forced_tokens : 0, wal ? wal->counters.resumed : 0,
       wal ? wal->counters.forced_mismatches : 0, wal ? wal->stats().bytes_written : 0,
       wal && !wal->status().ok() ? ErrorToWire(fbb, wal->status()) : 0,
-      waiting);
+      waiting, fp);
   FinishEnvelope(fbb, request_id, wire::Message_StatusReply, reply.Union());
   SendClient(client, BufferView(fbb));
 }

@@ -250,4 +250,9 @@ def status_reply(s):
             "replicas": replicas, "tokens_per_s": s.TokensPerS(),
             "cache_hit_rate": s.CacheHitRate(), "trajectories_done": s.TrajectoriesDone(),
             "weight_version": s.WeightVersion(), "draining": s.Draining(),
-            "waiting_for_weights": s.WaitingForWeights()}
+            "waiting_for_weights": s.WaitingForWeights(),
+            "fingerprint": None if s.Fingerprint() is None else {
+                "weights_hash": s.Fingerprint().WeightsHash(),
+                "kernel_version": s.Fingerprint().KernelVersion(),
+                "attention_chunk": s.Fingerprint().AttentionChunk(),
+                "backend": (s.Fingerprint().Backend() or b"").decode()}}

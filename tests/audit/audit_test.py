@@ -452,6 +452,22 @@ def test_weights_versions(c):
     check(cl.update_weights(v1, 1) == 1, "update_weights did not make version 1 live")
     long_ = lg.result()
     b = cl.submit(prompts, n=3, group_id=3, **req).result()  # version 1
+    # --connect: records checked against the running service's fingerprint and live weights.
+    recs = [t.audit_record(prompts[t.prompt_index], **req) for t in a + b]
+    registry = ["--weights-registry", os.path.join(data, "weights.jsonl")]
+    connect = ["--connect", srv.endpoint]
+    rc, j = c.audit(c.write(recs), "rescore", extra=registry + connect, model="")
+    all_identical("--connect, records of versions 0 and 1", rc, j, len(recs))
+    bad = copy.deepcopy(recs)
+    bad[len(a)]["fingerprint"]["weights_hash"] = recs[0]["fingerprint"]["weights_hash"]
+    bad[0]["fingerprint"]["kernel_version"] += 1
+    rc, j = c.audit(c.write(bad), "rescore", extra=registry + connect, model="")
+    fa, fb = j["verdicts"][0], j["verdicts"][len(a)]
+    check(rc == 2 and fa["verdict"] == "fingerprint_mismatch" and "the service at" in fa["detail"]
+          and fb["verdict"] == "weights_unavailable" and
+          f"the service at {srv.endpoint} serves version 1 with weights" in fb["detail"],
+          f"--connect: exit {rc}, {fa.get('detail')} / {fb.get('detail')}")
+    print(f"  --connect: {fb.get('detail')}")
     srv.kill9()
     cl.close()
     reg = [json.loads(line) for line in open(os.path.join(data, "weights.jsonl"))]
@@ -466,11 +482,7 @@ def test_weights_versions(c):
     check(multi > 0, f"no trajectory of the long group spans two versions: "
           f"{[t.versions for t in long_]}")
 
-    def records(ts, prompts, req):
-        return [t.audit_record(prompts[t.prompt_index], **req) for t in ts]
-    recs = records(a, prompts, req) + records(b, prompts, req)
     path = c.write(recs)
-    registry = ["--weights-registry", os.path.join(data, "weights.jsonl")]
     for mode in ("rescore", "rerun"):
         rc, j = c.audit(path, mode, extra=registry, model="")
         all_identical(f"Python client records of versions 0 and 1 ({mode})", rc, j, len(recs))

@@ -11,7 +11,14 @@
   3. a record made with the widest ISA this CPU has audits clean with the narrower ones;
   4. a `bitroll serve --data-dir` service (a plain group, a multi-turn group with a tool, a group
      resumed after kill -9, a group left unfinished by a last kill -9): `bitroll audit export`
-     equals what the client received, and `bitroll audit --data-dir` is clean in both modes.
+     equals what the client received, and `bitroll audit --data-dir` is clean in both modes;
+  5. weights by version: a service whose weights change (a path update) while a long group runs;
+     its weights.jsonl names both versions' files and hashes; records written by the Python
+     client (Trajectory.audit_record) audit clean in both modes through the registry without
+     --model, and --connect passes them while refusing a changed hash or kernel version; without
+     the registry the version-1 records are weights_unavailable (negative control); the data
+     directory audits clean except the records spanning both versions (multi-version, named);
+     the version-1 file replaced, then removed: its records are refused with its hash.
 
 Run: python3 tests/audit/audit_test.py --bitroll build/rollout/bitroll [--model M]
 """

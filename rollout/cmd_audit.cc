@@ -3,6 +3,11 @@
 //   bitroll audit export --data-dir DIR > records.jsonl
 //   bitroll audit FILE.jsonl --model M [--mode rescore|rerun] [--json]
 //   bitroll audit --data-dir DIR --model M [--mode rescore|rerun] [--json]
+//   bitroll audit FILE.jsonl --weights-registry DIR/weights.jsonl [--connect tcp://HOST:PORT]
+//
+// With a weights registry (--weights-registry, or weights.jsonl in --data-dir) each record is
+// audited with its weight version's file (rollout/audit_weights.h); --connect first checks the
+// records against a running service (rollout/audit_connect.h).
 //
 // Exit status: 0 every trajectory identical, 1 a divergence, 2 something could not be audited
 // (or a usage error).

@@ -117,10 +117,11 @@ AuditVerdict Precheck(const AuditItem& it, size_t index, const engine::ModelInfo
     return v;
   }
   const NumericsFingerprint& fp = info.fingerprint;
-  if (r.weights_hash != fp.weights_hash) {
+  if (r.fingerprint.weights_hash != fp.weights_hash) {
     v.kind = VerdictKind::kWeightsUnavailable;
-    v.detail = "weights unavailable: the record was made with weights " + Hex64(r.weights_hash) +
-               ", the model given has " + Hex64(fp.weights_hash);
+    v.detail = "weights unavailable: the record was made with weights " +
+               Hex64(r.fingerprint.weights_hash) + ", the model given has " +
+               Hex64(fp.weights_hash);
     return v;
   }
   std::set<uint64_t> versions;
@@ -131,14 +132,15 @@ AuditVerdict Precheck(const AuditItem& it, size_t index, const engine::ModelInfo
                " weight versions; an audit takes one model file (one version)";
     return v;
   }
-  if (r.kernel_version != fp.kernel_version || r.attention_chunk != fp.attention_chunk ||
-      r.backend != fp.backend) {
+  if (r.fingerprint.kernel_version != fp.kernel_version ||
+      r.fingerprint.attention_chunk != fp.attention_chunk || r.fingerprint.backend != fp.backend) {
     v.kind = VerdictKind::kFingerprintMismatch;
-    v.detail = "fingerprint mismatch: record (kernel " + std::to_string(r.kernel_version) +
-               ", chunk " + std::to_string(r.attention_chunk) + ", backend " + r.backend +
-               ") vs this engine (kernel " + std::to_string(fp.kernel_version) + ", chunk " +
-               std::to_string(fp.attention_chunk) + ", backend " + fp.backend +
-               "): bits are promised equal only within one fingerprint";
+    v.detail = "fingerprint mismatch: record (kernel " +
+               std::to_string(r.fingerprint.kernel_version) + ", chunk " +
+               std::to_string(r.fingerprint.attention_chunk) + ", backend " +
+               r.fingerprint.backend + ") vs this engine (kernel " +
+               std::to_string(fp.kernel_version) + ", chunk " + std::to_string(fp.attention_chunk) +
+               ", backend " + fp.backend + "): bits are promised equal only within one fingerprint";
     return v;
   }
   return v;
@@ -164,11 +166,7 @@ engine::SequenceRequest BaseRequest(const TrajectoryRecord& r, uint64_t id, uint
   q.id = id;
   q.group_id = group;
   q.sample_index = r.sample_index;
-  q.sampling.temperature = r.temperature;
-  q.sampling.top_k = r.top_k;
-  q.sampling.top_p = r.top_p;
-  q.sampling.min_p = r.min_p;
-  q.sampling.seed = r.seed;
+  q.sampling = r.sampling;
   return q;
 }
 
@@ -382,8 +380,9 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
                   "NOT BITWISE: record fingerprint (kernel %u, chunk %u, backend %s) vs this "
                   "engine's (backend %s): %s %lld of %lld sampled tokens; over those, "
                   "max |dlogprob| %.3g, mean %.3g",
-                  items[item].record.kernel_version, items[item].record.attention_chunk,
-                  items[item].record.backend.c_str(), info.fingerprint.backend.c_str(),
+                  items[item].record.fingerprint.kernel_version,
+                  items[item].record.fingerprint.attention_chunk,
+                  items[item].record.fingerprint.backend.c_str(), info.fingerprint.backend.c_str(),
                   mode == AuditMode::kRerun ? "re-run ids agree on" : "re-scored",
                   static_cast<long long>(tr.agreeing), static_cast<long long>(tr.total),
                   tr.max_abs_diff, tr.mean_abs_diff);

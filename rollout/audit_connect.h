@@ -25,10 +25,7 @@ namespace bitroll::rollout {
 struct ServiceIdentity {
   std::string endpoint;
   uint64_t weight_version = 0;
-  uint64_t weights_hash = 0;
-  uint32_t kernel_version = 0;
-  uint32_t attention_chunk = 0;
-  std::string backend;
+  NumericsFingerprint fingerprint;  // weights_hash: the live weights'
 };
 
 // Asks the service at `endpoint` (GetStatus). Errors: the client's (kTimeout, kProtocol, ...),

@@ -79,11 +79,7 @@ Result<LayerTrace> TraceLayers(const engine::EngineOptions& options, const Traje
   engine::SequenceRequest q;
   q.id = 1;
   q.sample_index = record.sample_index;
-  q.sampling.temperature = record.temperature;
-  q.sampling.top_k = record.top_k;
-  q.sampling.top_p = record.top_p;
-  q.sampling.min_p = record.min_p;
-  q.sampling.seed = record.seed;
+  q.sampling = record.sampling;
   q.stop.stop_at_eos = q.stop.stop_at_bos = false;
   if (position < static_cast<int32_t>(prompt.size())) {
     q.prompt.assign(prompt.begin(), prompt.begin() + position + 1);
@@ -115,7 +111,7 @@ Result<std::vector<Alternative>> TopAlternatives(const engine::EngineOptions& op
   };
   BR_RETURN_IF_ERROR(TraceLayers(options, record, position, grab).status());
   if (logits.empty()) return Status::Internal("no logits at position " + std::to_string(position));
-  const double t = record.temperature > 0 ? record.temperature : 1.0;
+  const double t = record.sampling.temperature > 0 ? record.sampling.temperature : 1.0;
   double mx = -INFINITY;
   for (float x : logits) mx = std::max(mx, x / t);
   double z = 0;

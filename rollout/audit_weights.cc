@@ -84,8 +84,9 @@ WeightsPlan PlanAuditWeights(const std::vector<AuditItem>& items,
     std::vector<Resolved> res;
     bool all = true;
     for (size_t k = 0; k < versions.size(); ++k) {
-      res.push_back(
-          resolve(versions[k], k == 0 ? std::optional<uint64_t>(r.weights_hash) : std::nullopt));
+      res.push_back(resolve(versions[k], k == 0
+                                             ? std::optional<uint64_t>(r.fingerprint.weights_hash)
+                                             : std::nullopt));
       all = all && !res.back().file.empty();
     }
     AuditVerdict v;

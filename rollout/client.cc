@@ -429,13 +429,7 @@ Result<StatusInfo> Client::GetStatus(int timeout_ms) {
   r.weight_version = s->weight_version();
   r.draining = s->draining();
   r.waiting_for_weights = s->waiting_for_weights();
-  if (const wire::Fingerprint* f = s->fingerprint()) {
-    r.has_fingerprint = true;
-    r.weights_hash = f->weights_hash();
-    r.kernel_version = f->kernel_version();
-    r.attention_chunk = f->attention_chunk();
-    r.backend = f->backend() ? f->backend()->str() : "";
-  }
+  if (s->fingerprint() != nullptr) r.fingerprint = FingerprintFromWire(s->fingerprint());
   return r;
 }
 

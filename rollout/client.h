@@ -14,6 +14,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -144,11 +145,8 @@ struct StatusInfo {
   uint64_t weight_version = 0;
   bool draining = false;
   uint32_t waiting_for_weights = 0;  // recovered trajectories waiting for their weights version
-  // The replicas' numerics fingerprint (weights_hash: the live weights'); false before one joined.
-  bool has_fingerprint = false;
-  uint64_t weights_hash = 0;
-  uint32_t kernel_version = 0, attention_chunk = 0;
-  std::string backend;
+  // The replicas' numerics fingerprint (weights_hash: the live weights'); empty before one joined.
+  std::optional<NumericsFingerprint> fingerprint;
 };
 
 struct Event {

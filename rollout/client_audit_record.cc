@@ -53,22 +53,15 @@ TrajectoryRecord ClientAuditRecord(const TrajectoryResult& t, const SubmitReques
                                  ? std::string(kDefaultResultTemplate)
                                  : request.tool_result_template;
   }
-  r.temperature = request.temperature;
-  r.top_k = request.top_k;
-  r.top_p = request.top_p;
-  r.min_p = request.min_p;
-  r.seed = request.seed;
+  r.sampling = request;  // SubmitRequest is a SamplingParams (rollout/client.h)
   r.max_tokens = request.max_tokens;
   r.stop_ids = request.stop_ids;
   r.stop_at_eos = request.stop_at_eos;
   r.stop_at_bos = true;  // replicas keep the engine's default
   for (const auto& [begin, version] : t.versions) r.weight_versions.push_back({begin, version});
   if (r.weight_versions.empty()) r.weight_versions.push_back({0, 0});
-  r.weights_hash = t.fingerprint.weights_hash;
-  r.kernel_version = t.fingerprint.kernel_version;
-  r.attention_chunk = t.fingerprint.attention_chunk;
-  r.backend = t.fingerprint.backend;
-  std::string finish = wire::EnumNameFinishReason(t.finish);
+  r.fingerprint = t.fingerprint;
+  std::string finish = FinishReasonName(t.finish);
   for (char& ch : finish) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   r.finish = finish;
   return r;

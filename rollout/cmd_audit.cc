@@ -207,11 +207,12 @@ int TraceCommand(const AuditFlags& f, const std::vector<AuditItem>& items) {
     std::fprintf(stderr, "bitroll audit: %s\n", t.status().ToString().c_str());
     return 2;
   }
-  if (t->weights_hash != it.record.weights_hash) {
+  if (t->weights_hash != it.record.fingerprint.weights_hash) {
     std::fprintf(stderr,
                  "bitroll audit: weights unavailable: record %" PRId64
                  " was made with weights %s, the model given has %s\n",
-                 f.record, Hex64(it.record.weights_hash).c_str(), Hex64(t->weights_hash).c_str());
+                 f.record, Hex64(it.record.fingerprint.weights_hash).c_str(),
+                 Hex64(t->weights_hash).c_str());
     return 2;
   }
   std::fputs(FormatTrace(*t).c_str(), stdout);
@@ -399,8 +400,9 @@ int CmdAudit(int argc, char** argv) {
     std::fprintf(stderr,
                  "bitroll audit: the service at %s serves weights version %" PRIu64
                  " (hash %s), kernel %u, chunk %u, backend %s\n",
-                 s->endpoint.c_str(), s->weight_version, Hex64(s->weights_hash).c_str(),
-                 s->kernel_version, s->attention_chunk, s->backend.c_str());
+                 s->endpoint.c_str(), s->weight_version, Hex64(s->fingerprint.weights_hash).c_str(),
+                 s->fingerprint.kernel_version, s->fingerprint.attention_chunk,
+                 s->fingerprint.backend.c_str());
   }
   WeightsPlan plan = PlanAuditWeights(*items, registry ? &*registry : nullptr, f.eo.model_path,
                                       [](const std::string& path) -> Result<uint64_t> {

@@ -438,10 +438,9 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
   }
   flatbuffers::Offset<wire::Fingerprint> fp = 0;
   if (fingerprint) {
-    fp = wire::CreateFingerprint(
-        fbb, live_weights_hash != 0 ? live_weights_hash : fingerprint->weights_hash,
-        fingerprint->kernel_version, fingerprint->attention_chunk,
-        fbb.CreateString(fingerprint->backend));
+    NumericsFingerprint live = *fingerprint;
+    if (live_weights_hash != 0) live.weights_hash = live_weights_hash;  // of weight_version
+    fp = FingerprintToWire(fbb, live);
   }
   auto reply = wire::CreateStatusReply(
       fbb, kProtocolVersion, static_cast<uint32_t>(queued),
@@ -452,8 +451,7 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
       wal ? wal->counters.tokens_logged : 0, wal ? wal->counters.recovered_tokens : 0,
       wal ? wal->counters.forced_tokens : 0, wal ? wal->counters.resumed : 0,
       wal ? wal->counters.forced_mismatches : 0, wal ? wal->stats().bytes_written : 0,
-      wal && !wal->status().ok() ? ErrorToWire(fbb, wal->status()) : 0,
-      waiting, fp);
+      wal && !wal->status().ok() ? ErrorToWire(fbb, wal->status()) : 0, waiting, fp);
   FinishEnvelope(fbb, request_id, wire::Message_StatusReply, reply.Union());
   SendClient(client, BufferView(fbb));
 }

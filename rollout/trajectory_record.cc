@@ -242,9 +242,11 @@ nlohmann::json RecordToJson(const TrajectoryRecord& r) {
   }
   j["tool_calls"] = std::move(calls);
   if (!r.tool_result_template.empty()) j["tool_result_template"] = r.tool_result_template;
-  j["sampling"] = {
-      {"temperature", r.temperature}, {"top_k", r.top_k}, {"top_p", r.top_p}, {"min_p", r.min_p}};
-  j["seed"] = std::to_string(r.seed);
+  j["sampling"] = {{"temperature", r.sampling.temperature},
+                   {"top_k", r.sampling.top_k},
+                   {"top_p", r.sampling.top_p},
+                   {"min_p", r.sampling.min_p}};
+  j["seed"] = std::to_string(r.sampling.seed);
   j["stop"] = {{"max_tokens", r.max_tokens},
                {"stop_ids", r.stop_ids},
                {"stop_at_eos", r.stop_at_eos},
@@ -254,10 +256,10 @@ nlohmann::json RecordToJson(const TrajectoryRecord& r) {
     spans.push_back({{"begin", v.begin}, {"version", v.version}});
   }
   j["weight_versions"] = std::move(spans);
-  j["fingerprint"] = {{"weights_hash", Hex64(r.weights_hash)},
-                      {"kernel_version", r.kernel_version},
-                      {"attention_chunk", r.attention_chunk},
-                      {"backend", r.backend}};
+  j["fingerprint"] = {{"weights_hash", Hex64(r.fingerprint.weights_hash)},
+                      {"kernel_version", r.fingerprint.kernel_version},
+                      {"attention_chunk", r.fingerprint.attention_chunk},
+                      {"backend", r.fingerprint.backend}};
   j["finish"] = r.finish;
   return j;
 }
@@ -325,18 +327,18 @@ Result<TrajectoryRecord> RecordFromJson(const nlohmann::json& j) {
   auto sp = j.find("sampling");
   if (sp == j.end() || sp->is_null()) return Missing("sampling");
   if (!sp->is_object()) return Bad("sampling", "not an object");
-  BR_RETURN_IF_ERROR(GetFloat(*sp, "temperature", "sampling.temperature", &r.temperature));
-  BR_RETURN_IF_ERROR(GetInt(*sp, "top_k", "sampling.top_k", &r.top_k));
-  BR_RETURN_IF_ERROR(GetFloat(*sp, "top_p", "sampling.top_p", &r.top_p));
-  BR_RETURN_IF_ERROR(GetFloat(*sp, "min_p", "sampling.min_p", &r.min_p));
+  BR_RETURN_IF_ERROR(GetFloat(*sp, "temperature", "sampling.temperature", &r.sampling.temperature));
+  BR_RETURN_IF_ERROR(GetInt(*sp, "top_k", "sampling.top_k", &r.sampling.top_k));
+  BR_RETURN_IF_ERROR(GetFloat(*sp, "top_p", "sampling.top_p", &r.sampling.top_p));
+  BR_RETURN_IF_ERROR(GetFloat(*sp, "min_p", "sampling.min_p", &r.sampling.min_p));
   auto seed = j.find("seed");
   if (seed == j.end() || seed->is_null()) return Missing("seed");
   if (seed->is_string()) {
-    if (!ParseDecimalU64(seed->get<std::string>(), &r.seed)) {
+    if (!ParseDecimalU64(seed->get<std::string>(), &r.sampling.seed)) {
       return Bad("seed", "not a decimal uint64");
     }
   } else if (seed->is_number_unsigned()) {
-    r.seed = seed->get<uint64_t>();
+    r.sampling.seed = seed->get<uint64_t>();
   } else {
     return Bad("seed", "not a decimal string or unsigned integer");
   }
@@ -363,14 +365,14 @@ Result<TrajectoryRecord> RecordFromJson(const nlohmann::json& j) {
   if (!fp->is_object()) return Bad("fingerprint", "not an object");
   std::string hash;
   BR_RETURN_IF_ERROR(GetString(*fp, "weights_hash", "fingerprint.weights_hash", &hash));
-  if (!ParseHex(hash, 16, &r.weights_hash)) {
+  if (!ParseHex(hash, 16, &r.fingerprint.weights_hash)) {
     return Bad("fingerprint.weights_hash", "not 16 hex digits");
   }
   BR_RETURN_IF_ERROR(
-      GetInt(*fp, "kernel_version", "fingerprint.kernel_version", &r.kernel_version));
-  BR_RETURN_IF_ERROR(
-      GetInt(*fp, "attention_chunk", "fingerprint.attention_chunk", &r.attention_chunk));
-  BR_RETURN_IF_ERROR(GetString(*fp, "backend", "fingerprint.backend", &r.backend));
+      GetInt(*fp, "kernel_version", "fingerprint.kernel_version", &r.fingerprint.kernel_version));
+  BR_RETURN_IF_ERROR(GetInt(*fp, "attention_chunk", "fingerprint.attention_chunk",
+                            &r.fingerprint.attention_chunk));
+  BR_RETURN_IF_ERROR(GetString(*fp, "backend", "fingerprint.backend", &r.fingerprint.backend));
   BR_RETURN_IF_ERROR(GetString(j, "finish", "finish", &r.finish, false));
   return r;
 }
@@ -443,11 +445,7 @@ Result<TrajectoryRecord> RecordFromWal(const wal::TrajectoryLog& log) {
                                  ? m->tool_result_template()->str()
                                  : std::string(kDefaultResultTemplate);
   }
-  r.temperature = h.sampling.temperature;
-  r.top_k = h.sampling.top_k;
-  r.top_p = h.sampling.top_p;
-  r.min_p = h.sampling.min_p;
-  r.seed = h.sampling.seed;
+  r.sampling = h.sampling;
   r.max_tokens = static_cast<int32_t>(h.max_tokens);
   if (m->stop_ids()) r.stop_ids.assign(m->stop_ids()->begin(), m->stop_ids()->end());
   r.stop_at_eos = m->stop_at_eos();
@@ -455,10 +453,7 @@ Result<TrajectoryRecord> RecordFromWal(const wal::TrajectoryLog& log) {
   for (const wire::VersionSpan& v : lt.versions)
     r.weight_versions.push_back({v.begin(), v.version()});
   if (r.weight_versions.empty()) r.weight_versions.push_back({0, h.weight_version});
-  r.weights_hash = h.fingerprint.weights_hash;
-  r.kernel_version = h.fingerprint.kernel_version;
-  r.attention_chunk = h.fingerprint.attention_chunk;
-  r.backend = h.fingerprint.backend;
+  r.fingerprint = h.fingerprint;
   r.finish =
       log.finish
           ? Lower(wire::EnumNameFinishReason(static_cast<wire::FinishReason>(log.finish->reason)))

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "schema/status.h"
+#include "schema/vocab.h"
 
 namespace bitroll::wal {
 struct TrajectoryLog;
@@ -78,22 +79,13 @@ struct TrajectoryRecord {
   // The request's tool_result_template (its default when it gave none); empty when the record
   // has no tool loop. With it an auditor re-derives every injected text from the call's result.
   std::string tool_result_template;
-  // Sampling (engine/engine.h SamplingParams) and stop rules.
-  float temperature = 1.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  uint64_t seed = 0;
+  SamplingParams sampling;  // schema/vocab.h, seed inside; then the stop rules
   int32_t max_tokens = 0;
   std::vector<int32_t> stop_ids;
   bool stop_at_eos = true;
   bool stop_at_bos = true;
   std::vector<RecordVersionSpan> weight_versions;
-  // Numerics fingerprint of the engine that produced the first token.
-  uint64_t weights_hash = 0;
-  uint32_t kernel_version = 0;
-  uint32_t attention_chunk = 0;
-  std::string backend;
+  NumericsFingerprint fingerprint;  // of the engine that produced the first token
   std::string finish;  // engine FinishReasonName, or the wire finish name of a WAL trajectory
 };
 

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "rollout/trajectory_record.h"
+#include <fmt/format.h>
 
 namespace bitroll::rollout {
 
@@ -21,7 +21,7 @@ std::string WeightsRegistryPath(const std::string& data_dir) {
 nlohmann::json WeightsEntryToJson(const WeightsEntry& e) {
   nlohmann::json j = {{"version", e.version},
                       {"source", e.source},
-                      {"weights_hash", Hex64(e.weights_hash)},
+                      {"weights_hash", fmt::format("{:016x}", e.weights_hash)},
                       {"unix_ms", e.unix_ms}};
   if (!e.path.empty()) j["path"] = e.path;
   return j;

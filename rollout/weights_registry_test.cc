@@ -65,7 +65,7 @@ TEST(WeightsRegistry, AppendsReadsAndFinds) {
 AuditItem Item(std::vector<RecordVersionSpan> spans, uint64_t hash) {
   AuditItem it;
   it.record.weight_versions = std::move(spans);
-  it.record.weights_hash = hash;
+  it.record.fingerprint.weights_hash = hash;
   return it;
 }
 
@@ -139,11 +139,8 @@ TEST(ClientAuditRecord, AReceivedTrajectoryParsesBack) {
   t.logprobs = {-0.5f, 0.0f, 0.0f, -1.25f};
   t.mask = {1, 0, 0, 1};
   t.versions = {{0, 4}};
-  t.weights_hash = 0xabc;
-  t.kernel_version = 3;
-  t.attention_chunk = 64;
-  t.backend = "cpu";
-  t.finish = wire::FinishReason_Length;
+  t.fingerprint = {0xabc, 3, 64, "cpu"};
+  t.finish = FinishReason::kLength;
   ToolCallResult c;
   c.name = "echo";
   c.exit_status = 0;
@@ -156,11 +153,11 @@ TEST(ClientAuditRecord, AReceivedTrajectoryParsesBack) {
   EXPECT_EQ(r.tool_result_template, "\n<result>{output}</result>\n");
   Result<TrajectoryRecord> back = RecordFromJson(RecordToJson(r));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
-  EXPECT_EQ(back->seed, q.seed);
+  EXPECT_EQ(back->sampling.seed, q.seed);
   EXPECT_EQ(back->logprob_bits, (std::vector<uint32_t>{FloatBits(-0.5f), 0, 0, FloatBits(-1.25f)}));
   EXPECT_EQ(back->weight_versions[0].version, 4u);
-  EXPECT_EQ(back->kernel_version, 3u);
-  EXPECT_EQ(back->attention_chunk, 64u);
+  EXPECT_EQ(back->fingerprint.kernel_version, 3u);
+  EXPECT_EQ(back->fingerprint.attention_chunk, 64u);
   EXPECT_EQ(back->finish, "length");
   // A call that exited non-zero quotes stderr, which the wire does not carry: no template.
   t.tool_calls[0].exit_status = 1;

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 
-
 namespace bitroll::rollout {
 
 Result<const wire::Envelope*> DecodeEnvelope(const void* data, size_t size,

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "schema/rollout_generated.h"
-#include "schema/wire_translate.h"
 #include "schema/status.h"
 #include "schema/vocab.h"
+#include "schema/wire_translate.h"
 
 namespace bitroll::rollout {
 

@@ -206,9 +206,9 @@ flatbuffers::Offset<wire::ToolCallInfo> BuildToolCallInfo(flatbuffers::FlatBuffe
   if (!o.error.ok()) {
     err = ErrorToWire(fbb, o.error, group_id);
   }
-  return wire::CreateToolCallInfo(fbb, name, input, TierToWire(o.tier),
-                                  o.exit_status, out, o.stdout_truncated, err, o.wall_seconds,
-                                  o.cpu_seconds, o.token_index, o.replayed);
+  return wire::CreateToolCallInfo(fbb, name, input, TierToWire(o.tier), o.exit_status, out,
+                                  o.stdout_truncated, err, o.wall_seconds, o.cpu_seconds,
+                                  o.token_index, o.replayed);
 }
 
 }  // namespace bitroll::rollout

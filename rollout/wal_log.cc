@@ -204,8 +204,7 @@ std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAdd
 std::string BuildErrorTrajectory(const SampleAddress& at, const Status& error,
                                  std::string_view client_tag) {
   flatbuffers::FlatBufferBuilder fbb(256);
-  auto err =
-      ErrorToWire(fbb, error, at.group_id);
+  auto err = ErrorToWire(fbb, error, at.group_id);
   auto tag = fbb.CreateString(client_tag.data(), client_tag.size());
   wire::TrajectoryBuilder b(fbb);
   b.add_group_id(at.group_id);

@@ -97,8 +97,7 @@ std::vector<WeightTensor> RealTensors(std::shared_ptr<const engine::ModelWeights
   *keep = std::make_shared<const engine::ModelWeights>(std::move(*w));
   std::vector<WeightTensor> out;
   for (const auto& t : engine::TensorManifest(**keep)) {
-    out.push_back(
-        {t.name, std::string(DTypeName(t.tensor.dtype)), t.tensor.shape, t.tensor.data});
+    out.push_back({t.name, std::string(DTypeName(t.tensor.dtype)), t.tensor.shape, t.tensor.data});
   }
   return out;
 }

@@ -79,14 +79,14 @@ struct Cost {
 
 // Why a sequence stopped. Stored in the WAL (one byte) and sent on the wire.
 enum class FinishReason : uint8_t {
-  kNone = 0,     // still running
-  kLength = 1,   // max_tokens reached or the model's context is full
-  kStop = 2,     // a stop id or stop string was produced
-  kEos = 3,      // EOS (or BOS under stop_at_bos) was sampled
-  kAborted = 4,  // cancelled (Abort, a disconnect, Engine::Abort)
-  kError = 5,    // see the accompanying error
-  kToolCall = 6, // the model's turn ended on a complete tool call (rollout/tool_detect.h); never
-                 // produced by the engine itself
+  kNone = 0,      // still running
+  kLength = 1,    // max_tokens reached or the model's context is full
+  kStop = 2,      // a stop id or stop string was produced
+  kEos = 3,       // EOS (or BOS under stop_at_bos) was sampled
+  kAborted = 4,   // cancelled (Abort, a disconnect, Engine::Abort)
+  kError = 5,     // see the accompanying error
+  kToolCall = 6,  // the model's turn ended on a complete tool call (rollout/tool_detect.h); never
+                  // produced by the engine itself
 };
 
 // Stable lower-case name: "none", "length", "stop", "eos", "aborted", "error", "tool_call".

@@ -126,8 +126,7 @@ Status StatusFromWire(const wire::Error* e) {
 
 flatbuffers::Offset<wire::Error> ErrorToWire(flatbuffers::FlatBufferBuilder& fbb, const Status& s,
                                              uint64_t group_id) {
-  return wire::CreateError(fbb, ErrorCodeToWire(s.code()), fbb.CreateString(s.message()),
-                           group_id);
+  return wire::CreateError(fbb, ErrorCodeToWire(s.code()), fbb.CreateString(s.message()), group_id);
 }
 
 }  // namespace bitroll

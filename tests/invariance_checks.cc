@@ -9,8 +9,8 @@
 
 namespace bitroll::testing_util {
 
-using engine::Mismatches;
 using bitroll::SamplingParams;
+using engine::Mismatches;
 using engine::SequenceOutput;
 using engine::SequenceRequest;
 

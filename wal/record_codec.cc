@@ -8,9 +8,9 @@
 
 #include <xxhash.h>
 
-#include "wal/crc32c.h"
 #include "schema/wal_generated.h"
 #include "schema/wal_translate.h"
+#include "wal/crc32c.h"
 
 namespace bitroll::wal::internal {
 namespace fb = bitroll::wal::fb;
@@ -115,8 +115,7 @@ std::string EncodeToolCall(const ToolCall& c) {
   flatbuffers::FlatBufferBuilder b(128 + c.input.size());
   auto name = b.CreateString(c.tool_name);
   auto input = Bytes(b, c.input);
-  auto body = fb::CreateToolCall(b, c.call_index, c.token_index, name, TierToLog(c.tier),
-                                   input);
+  auto body = fb::CreateToolCall(b, c.call_index, c.token_index, name, TierToLog(c.tier), input);
   return Frame(RecordType::kToolCall, b, body.Union());
 }
 

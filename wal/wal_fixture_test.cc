@@ -65,8 +65,8 @@ const std::vector<int32_t> kIds11 = {5, 6, 7, 8};
 const std::vector<uint32_t> kLps11 = {0xBF800001u, 0xBF800002u, 0xBF800003u, 0xBF800004u};
 const std::vector<int32_t> kIds20 = {0, 1, 151935, 42, 42, 9};
 // -0.0, the smallest denormal, -inf, -FLT_MAX, a NaN payload, -1.5
-const std::vector<uint32_t> kLps20 = {0x80000000u, 0x80000001u, 0xFF800000u, 0xFF7FFFFFu,
-                                      0xFFC00123u, 0xBFC00000u};
+const std::vector<uint32_t> kLps20 = {0x80000000u, 0x80000001u, 0xFF800000u,
+                                      0xFF7FFFFFu, 0xFFC00123u, 0xBFC00000u};
 
 std::vector<float> Floats(const std::vector<uint32_t>& bits) {
   std::vector<float> out;

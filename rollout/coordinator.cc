@@ -199,9 +199,8 @@ void Coordinator::State::OnSubmit(const std::string& client, const std::string& 
                      gid);
   }
   std::string key = GroupKey(owner, gid);
-  if (wal && !wal->status().ok()) {
-    return SendError(client, e->request_id(),
-                     wal->status().WithContext("WAL failed; not accepting new work"), gid);
+  if (Status hs = journal->Healthy(); !hs.ok()) {
+    return SendError(client, e->request_id(), hs, gid);
   }
   const uint64_t samples = uint64_t{m->prompts()->size()} * m->n();
   if (works.size() + samples > options.max_queued) {
@@ -211,24 +210,16 @@ void Coordinator::State::OnSubmit(const std::string& client, const std::string& 
                                   "); retry later"),
                      gid);
   }
-  if (wal && samples > kWalMaxSamples) {
-    return SendError(
-        client, e->request_id(),
-        Status::InvalidArgument("a group has at most " + std::to_string(kWalMaxSamples) +
-                                " samples when the WAL is on"),
-        gid);
+  if (Status gs = journal->CheckGroupSize(samples); !gs.ok()) {
+    return SendError(client, e->request_id(), gs, gid);
   }
   std::string_view bytes(static_cast<const char*>(data), size);
   uint64_t serial = 0;
-  if (wal) {
-    // Logged before anything about the group is acknowledged (no trajectory is delivered
-    // before its own records, which follow this one, are durable).
-    serial = next_serial++;
-    Status ls = wal->LogGroup(serial, bytes);
-    if (!ls.ok()) return SendError(client, e->request_id(), ls.WithContext("WAL append"), gid);
-  }
+  bool pending = false;
+  Status ls = journal->OnGroupAdmitted(bytes, &serial, &pending);
+  if (!ls.ok()) return SendError(client, e->request_id(), ls, gid);
   Group* g = NewGroup(client, owner, key, bytes, serial);
-  g->group_pending = wal != nullptr;
+  g->group_pending = pending;
   for (uint32_t i = 0; i < m->prompts()->size(); ++i) {
     for (uint32_t j = 0; j < m->n(); ++j) AddWork(g, i, j);
   }
@@ -331,7 +322,7 @@ void Coordinator::State::AbortGroup(Group* g) {
   for (uint64_t id : g->live) {
     auto it = works.find(id);
     if (it == works.end()) continue;
-    if (wal && it->second.header_logged) (void)wal->Discard(id);
+    journal->OnWorkAborted(it->second);
     if (it->second.replica >= 0) {
       per_replica[it->second.replica].push_back(id);
       replicas[it->second.replica].inflight.erase(id);
@@ -348,10 +339,7 @@ void Coordinator::State::AbortGroup(Group* g) {
     g->redelivering = false;
     redelivering.erase(g->key);
   }
-  if (wal && g->group_pending) {
-    (void)wal->AckGroup(g->serial);
-    g->group_pending = false;
-  }
+  journal->OnGroupAborted(g);
   for (auto& [r, ids] : per_replica) {
     if (!replicas[r].alive) continue;
     flatbuffers::FlatBufferBuilder fbb(64 + ids.size() * 8);
@@ -511,7 +499,7 @@ void Coordinator::State::Dispatch() {
     w.needs_version = 0;
     w.queue_seconds += Seconds(now - w.enqueued);
     replicas[r].inflight.insert(id);
-    if (wal) LogDispatch(&w);
+    journal->OnDispatched(&w);
     auto& batch = batches[r];
     if (!batch.first) batch.first = std::make_unique<flatbuffers::FlatBufferBuilder>(4096);
     std::span<const int32_t> forced(w.tokens);
@@ -566,7 +554,7 @@ void Coordinator::State::Run() {
   while (!stop->load(std::memory_order_relaxed)) {
     try {
       int wait_ms = outboxes.empty() && redelivering.empty() ? 20 : 1;
-      if (wal && !held.empty()) wait_ms = std::min(wait_ms, std::max(1, wal->MsUntilCommit()));
+      wait_ms = journal->PollWaitMs(wait_ms);
       zmq::poll(items, n_items, std::chrono::milliseconds(wait_ms));
       if (n_items == 3 && (items[2].revents & ZMQ_POLLIN)) OnToolsDone();
       // Replica results first: they free capacity and finish groups.
@@ -584,7 +572,7 @@ void Coordinator::State::Run() {
         }
         OnClient(id.to_string(), body);
       }
-      if (wal) CommitAndDeliver();
+      journal->DeliverDurable();
       FlushOutbox();
       HandleFailures();
       const auto now = Clock::now();
@@ -593,10 +581,7 @@ void Coordinator::State::Run() {
         if (options.metrics) PublishMetrics(now);
         last_check = now;
       }
-      if (wal && now - last_retention_check > std::chrono::seconds(1)) {
-        EnforceRetention();
-        last_retention_check = now;
-      }
+      journal->OnHousekeeping(now);
       Dispatch();
       MaybeSendUpdate();
       MaybeFinishDrain();

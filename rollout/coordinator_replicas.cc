@@ -148,8 +148,8 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
       auto offset = static_cast<int32_t>(w.ctx_ids.size());
       if (c->injected_ids()) {
         OnInjected(&w, *c->injected_ids());
-      } else if (wal) {
-        LogChunk(&w, *c);
+      } else {
+        journal->OnChunk(&w, *c);
       }
       if (g->client.empty() || !g->submit->stream_tokens()) continue;
       if (!c->injected_ids()) offset = static_cast<int32_t>(w.ctx_ids.size());
@@ -184,10 +184,6 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
                      cost.sandbox_cpu_seconds * options.price.sandbox_cpu_hour_usd / 3600.0;
     const bool failed = t->finish() == wire::FinishReason_Error;
     if (options.metrics) options.metrics->TrajectoryFinished(cost, w.turn);
-    if (!wal) {
-      ++g->delivered;
-      if (failed) ++g->errors;
-    }
     g->cost.Add(cost);
     ++trajectories_done;
     total_cached += turn_cost.prefill_cached;
@@ -195,18 +191,16 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     rate.Add(turn_cost.decode_tokens, now);
     replicas[r].rate.Add(turn_cost.decode_tokens, now);
     const size_t bytes = 256 + ((t->ids() ? t->ids()->size() : 0) + w.ctx_ids.size()) * 9;
-    if (wal) {
-      // Delivered by DeliverDurable() once the finish record is durable.
+    auto envelope = [&] {
       flatbuffers::FlatBufferBuilder fbb(bytes);
       BuildFinal(fbb, w, *t, cost, replicas[r].name);
-      LogFinish(w, *t, std::string(BufferView(fbb)));
-      continue;
-    }
-    if (!g->client.empty()) {
-      flatbuffers::FlatBufferBuilder fbb(bytes);
-      BuildFinal(fbb, w, *t, cost, replicas[r].name);
-      SendClient(g->client, BufferView(fbb));
-    }
+      return std::string(BufferView(fbb));
+    };
+    // With a WAL it is held until its finish record is durable (Journal::DeliverDurable).
+    if (journal->OnTrajectoryFinished(w, *t, envelope)) continue;
+    ++g->delivered;
+    if (failed) ++g->errors;
+    if (!g->client.empty()) SendClient(g->client, envelope());
     FinishGroupIfDone(g);
   }
 }

@@ -3,8 +3,9 @@
 // Its methods live in five files by concern: coordinator.cc (clients, groups, dispatch, the
 // loop), coordinator_replicas.cc (replica messages, drain), coordinator_weights.cc (weight
 // updates),
-// coordinator_wal.cc (logging, durable delivery, re-attach, recovery) and coordinator_tools.cc
-// (the multi-turn tool loop).
+// coordinator_wal.cc (durable delivery, re-attach, recovery) and coordinator_tools.cc
+// (the multi-turn tool loop); what is logged when is decided in one file,
+// coordinator_journal.{h,cc} (State::Journal).
 #pragma once
 
 #include "rollout/coordinator.h"
@@ -177,7 +178,7 @@ struct Coordinator::State {
     std::string inject;         // the current turn's result text until the replica's ids arrive
     std::vector<ToolOutcome> calls;
     bool tool_running = false;  // in the tool runner: neither queued nor dispatched
-    Cost cost;              // engine cost of the finished turns + sandbox cost
+    Cost cost;                  // engine cost of the finished turns + sandbox cost
     // WAL recovery: the weights version of its last logged tokens; it is not dispatched while
     // the live version is older (0: no constraint; cleared once dispatched).
     uint64_t needs_version = 0;
@@ -304,8 +305,11 @@ struct Coordinator::State {
   Clock::time_point last_retention_check;
   bool recovering = false;  // RecoverFromWal runs: groups are not finished (parked) yet
 
-  State(zmq::context_t& ctx, const CoordinatorOptions& o)
-      : options(o), front(ctx, zmq::socket_type::router), back(ctx, zmq::socket_type::router) {}
+  // What is logged when (rollout/coordinator_journal.h): every file reports its events there.
+  class Journal;
+  std::unique_ptr<Journal> journal;
+
+  State(zmq::context_t& ctx, const CoordinatorOptions& o);  // coordinator_journal.cc
 
   // ---- sending ----
 
@@ -423,6 +427,7 @@ struct Coordinator::State {
   void OnResults(int r, const wire::ReplicaResults* res);
 
   // ---- WAL (rollout/wal_log.h) ----
+  // The logging itself (coordinator_journal.cc), called only by the Journal.
 
   // Sends the WAL's sticky error once to every attached client with live groups.
   void ReportWalError(const Status& s);
@@ -440,6 +445,8 @@ struct Coordinator::State {
 
   // Commits (group commit) and delivers the trajectories whose finish record is durable.
   void CommitAndDeliver();
+
+  // Durable delivery, re-attach, retention, Acks and recovery (coordinator_wal.cc).
 
   void Deliver(Group* g, uint32_t flat, std::string envelope, bool failed, int64_t wal_bytes);
 
@@ -507,3 +514,5 @@ struct Coordinator::State {
 };
 
 }  // namespace bitroll::rollout
+
+#include "rollout/coordinator_journal.h"  // IWYU pragma: export

@@ -37,18 +37,7 @@ bool Coordinator::State::ContinueToolLoop(Work* w, const wire::Trajectory& t) {
   rate.Add(tc.decode_tokens, now);
   total_cached += tc.prefill_cached;
   total_computed += tc.prefill_computed;
-  if (wal) {
-    // The turn's tokens not streamed yet, then the call: the call's token_index is the turn end.
-    const size_t logged = w->tokens.size() - w->sampled_base;
-    if (n > logged) {
-      const int32_t* ids = t.ids()->data() + logged;
-      const float* lps = t.logprobs()->data() + logged;
-      const size_t k = n - logged;
-      w->tokens.insert(w->tokens.end(), ids, ids + k);
-      w->logprobs.insert(w->logprobs.end(), lps, lps + k);
-      CheckWal(wal->LogTokens(w->id, {ids, k}, {lps, k}, weight_version));
-    }
-  }
+  journal->OnTurnEnded(w, t);  // the turn's tokens not logged yet
   AppendVersions(&w->ctx_versions, t, static_cast<int32_t>(w->ctx_ids.size()));
   w->ctx_ids.insert(w->ctx_ids.end(), t.ids()->begin(), t.ids()->end());
   w->ctx_lps.insert(w->ctx_lps.end(), t.logprobs()->begin(), t.logprobs()->end());
@@ -62,7 +51,7 @@ bool Coordinator::State::ContinueToolLoop(Work* w, const wire::Trajectory& t) {
   o.tier = rc.spec ? TierFromWire(rc.spec->tier()) : ToolTier::kFunction;
   o.token_index = static_cast<int32_t>(w->ctx_ids.size());
   const auto index = static_cast<uint32_t>(w->calls.size());
-  if (wal) CheckWal(wal->LogToolCall(w->id, ToWalCall(o, index)));
+  journal->OnToolCallStarted(*w, o, index);
   w->calls.push_back(std::move(o));
   StartCall(w, index);
   return true;
@@ -110,7 +99,7 @@ void Coordinator::State::FinishCall(Work* w, uint32_t index, const sandbox::RunR
   if (run != nullptr) FillOutcome(*run, &o);
   w->cost.sandbox_seconds += o.wall_seconds;
   w->cost.sandbox_cpu_seconds += o.cpu_seconds;
-  if (wal) CheckWal(wal->LogToolResult(w->id, ToWalResult(o, index)));
+  journal->OnToolCallFinished(*w, o, index);
   w->inject = FormatResult(*w->group->submit, o);
   w->tool_running = false;
   w->enqueued = Clock::now();
@@ -132,12 +121,7 @@ void Coordinator::State::OnToolsDone() {
 
 void Coordinator::State::OnInjected(Work* w, const flatbuffers::Vector<int32_t>& ids) {
   if (w->inject.empty()) return;
-  if (wal) {
-    wal::TurnBoundary b;
-    b.turn_index = w->boundaries;
-    b.injected_tokens.assign(ids.begin(), ids.end());
-    CheckWal(wal->LogTurnBoundary(w->id, b));
-  }
+  journal->OnTurnBoundary(*w, ids);
   ++w->boundaries;
   w->ctx_ids.insert(w->ctx_ids.end(), ids.begin(), ids.end());
   w->ctx_lps.resize(w->ctx_lps.size() + ids.size(), 0.0f);

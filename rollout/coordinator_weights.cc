@@ -265,10 +265,9 @@ void Coordinator::State::MaybeFinishUpdate() {
   weight_version = update.version;
   live_weights_hash = update.weights_hash;
   spdlog::info("coordinator: weights version={} live on every replica", weight_version);
-  SaveLiveWeights(update.kind == Kind::kPath   ? "path"
-                  : update.kind == Kind::kNccl ? "nccl"
-                                               : "tensors");
-  if (wal != nullptr) RecordVersionInRegistry();  // weights.jsonl, fsync'd before the Ack
+  journal->OnWeightsInstalled(update.kind == Kind::kPath   ? "path"
+                              : update.kind == Kind::kNccl ? "nccl"
+                                                           : "tensors");
   ReleaseWaitingWork();
   SendAck(update.client, update.request_id, update.version);
   update = PendingUpdate{};
@@ -303,7 +302,6 @@ void Coordinator::State::ReleaseWaitingWork() {
 }
 
 void Coordinator::State::SaveLiveWeights(const std::string& source) {
-  if (wal == nullptr) return;
   const std::filesystem::path dir(options.wal.dir);
   // Only a path can be reloaded; after streamed or NCCL weights the record says what to resend.
   const std::string body = nlohmann::json{{"version", weight_version},

@@ -119,7 +119,7 @@ std::map<Key, Traj> RunWithKills(const SubmitRequest& req, int kills, const std:
   const std::string dir = std::string(BITROLL_BINARY_DIR) + "/crash_test_data_" +
                           std::to_string(getpid()) + "_" + dur + (kind.real ? "_real" : "_null");
   std::filesystem::remove_all(dir);
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(21000 + getpid() % 20000);
+  const std::string ep = FreeLoopbackEndpoint();
   std::mt19937 rng(1234);
   std::map<Key, Traj> got;
   std::map<Key, int32_t> furthest;  // streamed progress per trajectory
@@ -252,9 +252,8 @@ void ReplicaFailover(EngineKind kind) {
   const std::string dir = std::string(BITROLL_BINARY_DIR) + "/crash_test_failover_" +
                           std::to_string(getpid()) + (kind.real ? "_real" : "_null");
   std::filesystem::remove_all(dir);
-  const int port = 23000 + getpid() % 20000 + (kind.real ? 2 : 0);
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
-  const std::string rep_ep = "tcp://127.0.0.1:" + std::to_string(port + 1);
+  const std::string ep = FreeLoopbackEndpoint();
+  const std::string rep_ep = FreeLoopbackEndpoint();
   pid_t serve = SpawnQuiet({BITROLL_EXE, "serve", "--engine", "null", "--data-dir", dir, "--bind",
                             ep, "--replica-bind", rep_ep, "--replicas", "0", "--replica-timeout-ms",
                             "300", "--log-level", "warn"});

@@ -419,7 +419,7 @@ TEST(ReviewDefects, GroupDoneCountsWalBytes) {
 // kill -9 the acknowledged trajectory came back.
 TEST(ReviewDefects, AcknowledgedTrajectoryStaysGoneAfterKill) {
   const std::string dir = TempDir("ack_kill");
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(30000 + getpid() % 20000);
+  const std::string ep = FreeLoopbackEndpoint();
   auto serve = [&] {
     return SpawnQuiet({BITROLL_EXE, "serve", "--data-dir", dir, "--bind", ep, "--log-level", "warn",
                        "--replicas", "1", "--engine", "null"});

@@ -4,11 +4,15 @@
 //   - QueryWal: a running coordinator's StatusReply over a raw DEALER socket, for the WAL counters
 //     and sticky error (the C++ client's StatusInfo does not carry them);
 //   - SpawnQuiet: a child process (`bitroll serve`, `bitroll replica`) with stdout to /dev/null;
-//   - VethNamespace: a network namespace joined to the host by a veth pair (a second "host").
+//   - VethNamespace: a network namespace joined to the host by a veth pair (a second "host");
+//   - FreeLoopbackPort: a TCP port on 127.0.0.1 the kernel says is free, for `serve --bind`.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
@@ -17,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +35,36 @@
 extern "C" char** environ;
 
 namespace bitroll::rollout {
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, closed), never
+// the same twice in one process. Tests that start `bitroll serve` on a fixed endpoint (a restart
+// after kill -9 must come back on the same one) use it instead of a port derived from the pid,
+// which collided with other tests' ports under parallel ctest. 0 if no socket could be bound.
+inline int FreeLoopbackPort() {
+  static std::set<int> given;
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof(a);
+    int port = 0;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      port = ntohs(a.sin_port);
+    }
+    close(fd);
+    if (port == 0) return 0;
+    if (given.insert(port).second) return port;
+  }
+  return 0;
+}
+
+inline std::string FreeLoopbackEndpoint() {
+  return "tcp://127.0.0.1:" + std::to_string(FreeLoopbackPort());
+}
 
 // A network namespace `name` joined to the host by a veth pair: `name`h on the host at host_ip/24,
 // `name`n inside at ns_ip/24, loopback up. Needs root; the destructor removes both.

@@ -186,10 +186,6 @@ std::string Scratch(const char* what) {
   return d ? d : "";
 }
 
-std::string Endpoint(int salt) {
-  return "tcp://127.0.0.1:" + std::to_string(26000 + (getpid() * 7 + salt) % 12000);
-}
-
 // What the WAL holds after a kill: calls with a durable result, and logged calls without one.
 struct WalCalls {
   std::set<CallKey> with_result;
@@ -223,7 +219,7 @@ TEST(ToolCrashTest, KillNineInsideToolCallsIsBitIdenticalAndNeverReExecutesALogg
   // 1. The uninterrupted reference (and a second seed for the negative control).
   const std::string ref_dir = Scratch("toolref");
   const std::string ref_append = ref_dir + "/append.txt";
-  const std::string ref_ep = Endpoint(1);
+  const std::string ref_ep = FreeLoopbackEndpoint();
   pid_t pid = StartServe(ref_dir + "/data", ref_ep, ref_append);
   ASSERT_GT(pid, 0);
   std::map<Key, Traj> want, other;
@@ -278,7 +274,7 @@ TEST(ToolCrashTest, KillNineInsideToolCallsIsBitIdenticalAndNeverReExecutesALogg
   // 3. Kill -9 at random points, at least 10 times.
   const std::string dir = Scratch("toolcrash");
   const std::string append = dir + "/append.txt";
-  const std::string ep = Endpoint(2);
+  const std::string ep = FreeLoopbackEndpoint();
   std::mt19937 rng(1234);
   std::map<Key, Traj> got;
   std::map<CallKey, int> lines_when_durable;  // first kill after which its result was durable
@@ -359,7 +355,7 @@ TEST(ToolCrashTest, KillNineInsideToolCallsIsBitIdenticalAndNeverReExecutesALogg
 TEST(ToolCrashTest, ReplicaKilledMidToolLoopResumesOnTheOther) {
   // The uninterrupted reference, in-process replicas.
   const std::string ref_dir = Scratch("toolfo_ref");
-  const std::string ref_ep = Endpoint(3);
+  const std::string ref_ep = FreeLoopbackEndpoint();
   pid_t pid = StartServe(ref_dir + "/data", ref_ep, ref_dir + "/append.txt");
   ASSERT_GT(pid, 0);
   std::map<Key, Traj> want;
@@ -376,8 +372,8 @@ TEST(ToolCrashTest, ReplicaKilledMidToolLoopResumesOnTheOther) {
   ASSERT_EQ(want.size(), kN);
 
   const std::string dir = Scratch("toolfo");
-  const std::string ep = Endpoint(4);
-  const std::string rep_ep = Endpoint(5);
+  const std::string ep = FreeLoopbackEndpoint();
+  const std::string rep_ep = FreeLoopbackEndpoint();
   const std::string model = std::string(BITROLL_MODELS_DIR) + "/stories260K.bin";
   pid_t serve = SpawnQuiet({BITROLL_EXE,
                             "serve",

@@ -72,7 +72,7 @@ struct Fixture {
     EXPECT_TRUE(shape.ok());
     EXPECT_TRUE(engine::WriteRandomModel(*shape, 1, model, (dir / "tokenizer.bin").string()).ok());
     data = (dir / "data").string();
-    ep = "tcp://127.0.0.1:" + std::to_string(23000 + getpid() % 20000);
+    ep = FreeLoopbackEndpoint();
   }
   ~Fixture() { fs::remove_all(dir); }
 

@@ -83,10 +83,10 @@ void Journal::OnTurnBoundary(const Work& w, const flatbuffers::Vector<int32_t>& 
 }
 
 bool Journal::OnTrajectoryFinished(const Work& w, const wire::Trajectory& t,
-                                   const std::function<std::string()>& envelope) {
+                                   std::string* envelope) {
   if (!s_.wal) return false;
   // Delivered by DeliverDurable() once the finish record is durable.
-  s_.LogFinish(w, t, envelope());
+  s_.LogFinish(w, t, std::move(*envelope));
   return true;
 }
 
@@ -230,13 +230,13 @@ void Coordinator::State::CommitAndDeliver() {
     auto git = groups.find(d.group_key);
     if (git == groups.end()) continue;  // aborted meanwhile
     Group* g = git->second.get();
-    const wire::Trajectory* t = wire::GetEnvelope(d.envelope.data())->msg_as_Trajectory();
-    Cost cost = CostFromWire(t->cost());
-    cost.wal_bytes = static_cast<int64_t>(wal->Bytes(d.traj));
-    flatbuffers::FlatBufferBuilder fbb(d.envelope.size() + 64);
-    BuildClientTrajectory(fbb, *t, {g->group_id, t->prompt_index(), t->sample_index()}, cost,
-                          t->replica() ? t->replica()->string_view() : "", g->submit->client_tag());
-    Deliver(g, d.flat, std::string(BufferView(fbb)), d.failed, cost.wal_bytes);
+    // The WAL counts a record's bytes when it commits: set them in the envelope built at finish
+    // (Work -> BuildFinal with wal_bytes_slot), in place rather than encoding it again.
+    const auto wal_bytes = static_cast<int64_t>(wal->Bytes(d.traj));
+    if (!SetTrajectoryWalBytes(d.envelope, wal_bytes)) {
+      spdlog::error("coordinator: trajectory {} envelope has no cost.wal_bytes slot", d.traj);
+    }
+    Deliver(g, d.flat, std::move(d.envelope), d.failed, wal_bytes);
   }
 }
 

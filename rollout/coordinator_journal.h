@@ -35,7 +35,6 @@
 // WAL refuses new groups (Healthy).
 #pragma once
 
-#include <functional>
 #include <string>
 #include <string_view>
 
@@ -69,9 +68,9 @@ class Coordinator::State::Journal {
   void OnToolCallFinished(const Work& w, const ToolOutcome& o, uint32_t index);
   void OnTurnBoundary(const Work& w, const flatbuffers::Vector<int32_t>& ids);
   // Returns true when the trajectory is held until its finish record is durable (the WAL
-  // delivers it); false: the caller delivers it now. `envelope` builds the client Trajectory.
-  bool OnTrajectoryFinished(const Work& w, const wire::Trajectory& t,
-                            const std::function<std::string()>& envelope);
+  // delivers it, and *envelope, the client Trajectory built with wal_bytes_slot, is moved into
+  // the log's held list); false: the caller delivers *envelope now.
+  bool OnTrajectoryFinished(const Work& w, const wire::Trajectory& t, std::string* envelope);
   void OnWorkAborted(const Work& w);
   void OnGroupAborted(Group* g);
 

@@ -191,16 +191,18 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     rate.Add(turn_cost.decode_tokens, now);
     replicas[r].rate.Add(turn_cost.decode_tokens, now);
     const size_t bytes = 256 + ((t->ids() ? t->ids()->size() : 0) + w.ctx_ids.size()) * 9;
-    auto envelope = [&] {
+    // Encoded once, here: with a WAL the same bytes are held until the finish record is durable
+    // (Journal::DeliverDurable), which only sets their cost.wal_bytes in place.
+    std::string envelope;
+    {
       flatbuffers::FlatBufferBuilder fbb(bytes);
-      BuildFinal(fbb, w, *t, cost, replicas[r].name);
-      return std::string(BufferView(fbb));
-    };
-    // With a WAL it is held until its finish record is durable (Journal::DeliverDurable).
-    if (journal->OnTrajectoryFinished(w, *t, envelope)) continue;
+      BuildFinal(fbb, w, *t, cost, replicas[r].name, /*wal_bytes_slot=*/journal->on());
+      envelope.assign(BufferView(fbb));
+    }
+    if (journal->OnTrajectoryFinished(w, *t, &envelope)) continue;
     ++g->delivered;
     if (failed) ++g->errors;
-    if (!g->client.empty()) SendClient(g->client, envelope());
+    if (!g->client.empty()) SendClient(g->client, envelope);
     FinishGroupIfDone(g);
   }
 }

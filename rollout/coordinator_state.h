@@ -488,9 +488,11 @@ struct Coordinator::State {
 
   void OnToolsDone();
 
-  // The client Trajectory of a finished work item: its earlier turns, then t's tokens.
+  // The client Trajectory of a finished work item: its earlier turns, then t's tokens. The one
+  // encode of a finished trajectory: the log keeps tokens, not this envelope, and a held one
+  // only gets its cost.wal_bytes set in place (wal_bytes_slot, SetTrajectoryWalBytes).
   void BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w, const wire::Trajectory& t,
-                  const Cost& cost, std::string_view replica);
+                  const Cost& cost, std::string_view replica, bool wal_bytes_slot);
 
   // ---- dispatch ----
 

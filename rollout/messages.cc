@@ -1,5 +1,7 @@
 #include "rollout/messages.h"
 
+#include <cstring>
+#include <span>
 #include <vector>
 
 namespace bitroll::rollout {
@@ -10,6 +12,19 @@ template <typename T>
 flatbuffers::Offset<flatbuffers::Vector<T>> CopyVector(flatbuffers::FlatBufferBuilder& fbb,
                                                        const flatbuffers::Vector<T>* v) {
   return fbb.CreateVector(v ? v->data() : nullptr, v ? v->size() : 0);
+}
+
+// `head` then `tail` (may be null), written straight into the builder (no temporary vector).
+template <typename T>
+flatbuffers::Offset<flatbuffers::Vector<T>> ConcatVector(flatbuffers::FlatBufferBuilder& fbb,
+                                                         std::span<const T> head,
+                                                         const flatbuffers::Vector<T>* tail) {
+  const size_t n = tail ? tail->size() : 0;
+  T* out = nullptr;
+  auto off = fbb.CreateUninitializedVector(head.size() + n, &out);
+  if (!head.empty()) std::memcpy(out, head.data(), head.size() * sizeof(T));
+  if (n > 0) std::memcpy(out + head.size(), tail->data(), n * sizeof(T));
+  return off;
 }
 
 }  // namespace
@@ -31,7 +46,8 @@ flatbuffers::Offset<wire::ToolCallInfo> CopyToolCallInfo(flatbuffers::FlatBuffer
 
 void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Trajectory& t,
                            const SampleAddress& at, const Cost& cost, std::string_view replica,
-                           const flatbuffers::String* client_tag, const TurnPrefix* prefix) {
+                           const flatbuffers::String* client_tag, const TurnPrefix* prefix,
+                           bool wal_bytes_slot) {
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> ids;
   flatbuffers::Offset<flatbuffers::Vector<float>> lps;
   flatbuffers::Offset<flatbuffers::Vector<uint8_t>> mask;
@@ -40,15 +56,12 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
   const size_t n = t.ids() ? t.ids()->size() : 0;
   int32_t turns = t.turns();
   if (prefix != nullptr) {
-    std::vector<int32_t> all(prefix->ids.begin(), prefix->ids.end());
-    std::vector<float> all_lps(prefix->lps.begin(), prefix->lps.end());
-    std::vector<uint8_t> all_mask(prefix->mask.begin(), prefix->mask.end());
-    if (t.ids()) all.insert(all.end(), t.ids()->begin(), t.ids()->end());
-    if (t.logprobs()) all_lps.insert(all_lps.end(), t.logprobs()->begin(), t.logprobs()->end());
-    all_mask.resize(all_mask.size() + n, 1);
-    ids = fbb.CreateVector(all);
-    lps = fbb.CreateVector(all_lps);
-    mask = fbb.CreateVector(all_mask);
+    ids = ConcatVector(fbb, prefix->ids, t.ids());
+    lps = ConcatVector(fbb, prefix->lps, t.logprobs());
+    uint8_t* m = nullptr;  // the earlier turns' mask, then 1 for each of t's (sampled) tokens
+    mask = fbb.CreateUninitializedVector(prefix->mask.size() + n, &m);
+    if (!prefix->mask.empty()) std::memcpy(m, prefix->mask.data(), prefix->mask.size());
+    if (n > 0) std::memset(m + prefix->mask.size(), 1, n);
     spans.assign(prefix->versions.begin(), prefix->versions.end());
     if (t.versions()) {
       const auto off = static_cast<int32_t>(prefix->ids.size());
@@ -82,7 +95,9 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
   auto vs = fbb.CreateVectorOfStructs(spans);
   flatbuffers::Offset<wire::Fingerprint> fp;
   if (const auto* f = t.fingerprint()) fp = FingerprintToWire(fbb, FingerprintFromWire(f));
+  fbb.ForceDefaults(wal_bytes_slot);
   auto c = CostToWire(fbb, cost);
+  fbb.ForceDefaults(false);
   auto rep = fbb.CreateString(replica.data(), replica.size());
   flatbuffers::Offset<flatbuffers::String> tag;
   if (client_tag) tag = fbb.CreateString(client_tag);
@@ -109,6 +124,15 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
   if (!calls.IsNull()) b.add_tool_calls(calls);
   auto off = b.Finish();
   FinishEnvelope(fbb, 0, wire::Message_Trajectory, off.Union());
+}
+
+bool SetTrajectoryWalBytes(std::string& envelope, int64_t wal_bytes) {
+  const wire::Trajectory* t = wire::GetEnvelope(envelope.data())->msg_as_Trajectory();
+  if (t == nullptr || t->cost() == nullptr) return false;
+  // The generated code has no mutators (flatc without --gen-mutable); wire::Cost is a
+  // flatbuffers::Table, whose SetField overwrites a stored scalar in place.
+  auto* cost = reinterpret_cast<flatbuffers::Table*>(const_cast<wire::Cost*>(t->cost()));
+  return cost->SetField<int64_t>(wire::Cost::VT_WAL_BYTES, wal_bytes);
 }
 
 void BuildClientTokenChunk(flatbuffers::FlatBufferBuilder& fbb, const wire::TokenChunk& c,

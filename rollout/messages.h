@@ -35,11 +35,17 @@ struct TurnPrefix {
 // turns, versions, fingerprint and error, with the client's address, `cost` (queue time and price
 // filled in by the coordinator), the replica's name and the client tag (may be null). `prefix`
 // (tool loop): the earlier turns go first, and turns / tool_calls come from it; without one,
-// t's mask and tool_calls are copied (a mask of ones when t has none).
+// t's mask and tool_calls are copied (a mask of ones when t has none). `wal_bytes_slot`: the Cost
+// table stores every field, zeros included, so that SetTrajectoryWalBytes can fill in wal_bytes
+// later without encoding the trajectory again (the WAL counts a record's bytes at commit).
 void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Trajectory& t,
                            const SampleAddress& at, const Cost& cost, std::string_view replica,
                            const flatbuffers::String* client_tag,
-                           const TurnPrefix* prefix = nullptr);
+                           const TurnPrefix* prefix = nullptr, bool wal_bytes_slot = false);
+
+// Sets cost.wal_bytes of a Trajectory envelope built with wal_bytes_slot, in place. False (and
+// nothing changed) when `envelope` is no Trajectory or its Cost has no wal_bytes slot.
+bool SetTrajectoryWalBytes(std::string& envelope, int64_t wal_bytes);
 
 // A TokenChunk envelope for the client; position_begin is moved by `offset` (the tokens of the
 // earlier turns) and injected_ids are copied.

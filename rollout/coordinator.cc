@@ -477,6 +477,8 @@ void Coordinator::State::Dispatch() {
   std::unordered_map<int, std::pair<std::unique_ptr<flatbuffers::FlatBufferBuilder>,
                                     std::vector<flatbuffers::Offset<wire::WorkItem>>>>
       batches;
+  // Per replica's open message: each group's request parts, encoded once for all its items.
+  std::unordered_map<int, std::unordered_map<const wire::SubmitRollouts*, WorkItemShared>> shared;
   // One ReplicaWork message per replica and pass, cut when it reaches a quarter of what a
   // replica accepts: an item is at most about half of it (OnSubmit), so no message is refused.
   const size_t cut = ReplicaMessageLimit(options.decode) / 4;
@@ -487,6 +489,7 @@ void Coordinator::State::Dispatch() {
     FinishEnvelope(fbb, 0, wire::Message_ReplicaWork, work.Union());
     SendReplica(r, fbb);
     batches.erase(r);
+    shared.erase(r);
   };
   queue.Drain([&](uint64_t id) {
     auto wit = works.find(id);
@@ -507,9 +510,11 @@ void Coordinator::State::Dispatch() {
     TurnInput turn{w.ctx_ids, w.inject,
                    w.group->submit->max_tokens() - static_cast<int32_t>(w.sampled_base)};
     const bool later = !w.ctx_ids.empty() || !w.inject.empty();
+    WorkItemShared& sh = shared[r][w.group->submit];
+    sh.request = w.group->submit;
     batch.second.push_back(BuildWorkItem(*batch.first, *w.group->submit, w.id,
                                          {w.group->group_id, w.prompt_index, w.sample_index},
-                                         forced, wal != nullptr, later ? &turn : nullptr));
+                                         forced, wal != nullptr, later ? &turn : nullptr, &sh));
     if (batch.first->GetSize() >= cut) send_batch(r);
     return FairQueue::Take::kTaken;
   });

@@ -151,18 +151,33 @@ flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder
                                                   const wire::SubmitRollouts& m, uint64_t work_id,
                                                   const SampleAddress& at,
                                                   std::span<const int32_t> forced, bool stream,
-                                                  const TurnInput* turn) {
-  const wire::Prompt* p = m.prompts()->Get(at.prompt_index);
-  flatbuffers::Offset<wire::Prompt> prompt;
-  if (p->ids()) {
-    prompt = wire::CreatePrompt(fbb, CopyVector(fbb, p->ids()));
-  } else {
-    prompt = wire::CreatePrompt(fbb, 0, fbb.CreateString(p->text()));
+                                                  const TurnInput* turn, WorkItemShared* shared) {
+  WorkItemShared local;
+  WorkItemShared& sh = shared != nullptr && shared->request == &m ? *shared : local;
+  if (!sh.built) {
+    if (m.sampling()) sh.sampling = SamplingToWire(fbb, SamplingFromWire(m));
+    if (m.stop_ids()) sh.stop = CopyVector(fbb, m.stop_ids());
+    if (m.tool_open()) sh.open = fbb.CreateString(m.tool_open());
+    if (m.tool_close()) sh.close = fbb.CreateString(m.tool_close());
+    if (m.stop_strings() && m.stop_strings()->size() > 0) {
+      std::vector<flatbuffers::Offset<flatbuffers::String>> v;
+      for (const auto* s : *m.stop_strings()) v.push_back(fbb.CreateString(s));
+      sh.stops = fbb.CreateVector(v);
+    }
+    sh.built = true;
   }
-  flatbuffers::Offset<wire::SamplingParams> sp;
-  if (m.sampling()) sp = SamplingToWire(fbb, SamplingFromWire(m));
-  flatbuffers::Offset<flatbuffers::Vector<int32_t>> stop;
-  if (m.stop_ids()) stop = CopyVector(fbb, m.stop_ids());
+  flatbuffers::Offset<wire::Prompt> prompt;
+  if (auto it = sh.prompts.find(at.prompt_index); it != sh.prompts.end()) {
+    prompt = it->second;
+  } else {
+    const wire::Prompt* p = m.prompts()->Get(at.prompt_index);
+    if (p->ids()) {
+      prompt = wire::CreatePrompt(fbb, CopyVector(fbb, p->ids()));
+    } else {
+      prompt = wire::CreatePrompt(fbb, 0, fbb.CreateString(p->text()));
+    }
+    if (&sh != &local) sh.prompts.emplace(at.prompt_index, prompt);
+  }
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> forced_ids;
   if (!forced.empty()) forced_ids = fbb.CreateVector(forced.data(), forced.size());
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> context;
@@ -173,20 +188,11 @@ flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder
   if (turn != nullptr && !turn->inject.empty()) {
     inject = fbb.CreateString(turn->inject.data(), turn->inject.size());
   }
-  flatbuffers::Offset<flatbuffers::String> open, close;
-  if (m.tool_open()) open = fbb.CreateString(m.tool_open());
-  if (m.tool_close()) close = fbb.CreateString(m.tool_close());
-  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> stops;
-  if (m.stop_strings() && m.stop_strings()->size() > 0) {
-    std::vector<flatbuffers::Offset<flatbuffers::String>> v;
-    for (const auto* s : *m.stop_strings()) v.push_back(fbb.CreateString(s));
-    stops = fbb.CreateVector(v);
-  }
   return wire::CreateWorkItem(fbb, work_id, at.group_id, at.prompt_index, at.sample_index, prompt,
-                              sp, m.seed(), turn ? turn->max_tokens : m.max_tokens(), stop,
-                              m.stop_at_eos(), m.priority(), m.stream_tokens() || stream,
-                              forced_ids, context, inject, open, close, m.tool_open_id(),
-                              m.tool_close_id(), stops);
+                              sh.sampling, m.seed(), turn ? turn->max_tokens : m.max_tokens(),
+                              sh.stop, m.stop_at_eos(), m.priority(), m.stream_tokens() || stream,
+                              forced_ids, context, inject, sh.open, sh.close, m.tool_open_id(),
+                              m.tool_close_id(), sh.stops);
 }
 
 }  // namespace bitroll::rollout

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "rollout/protocol.h"
 #include "rollout/tool_call.h"
@@ -63,15 +64,27 @@ struct TurnInput {
   int32_t max_tokens = 0;            // budget left for this turn
 };
 
+// What the WorkItems of one group in one builder share: the request's parts (prompt, sampling,
+// stop ids and strings, tool delimiters) are encoded once per message and group, and every item
+// points at them (a FlatBuffers table may be referenced from several places; readers see the
+// same values). Valid for one builder and one SubmitRollouts only.
+struct WorkItemShared {
+  const wire::SubmitRollouts* request = nullptr;
+  bool built = false;
+  flatbuffers::Offset<wire::SamplingParams> sampling;
+  flatbuffers::Offset<flatbuffers::Vector<int32_t>> stop;
+  flatbuffers::Offset<flatbuffers::String> open, close;
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> stops;
+  std::unordered_map<uint32_t, flatbuffers::Offset<wire::Prompt>> prompts;  // by prompt index
+};
+
 // One WorkItem of sample (prompt_index, sample_index) of `m`, for a ReplicaWork batch. `forced`:
 // tokens to re-prefill (resume from the WAL; empty for fresh work). `stream`: ask the replica
 // for TokenChunks (the client asked for them, or the WAL logs them). `turn`: a later turn of
 // the tool loop (null: the first). The request's tool delimiters and stop strings are copied.
-flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder& fbb,
-                                                  const wire::SubmitRollouts& m, uint64_t work_id,
-                                                  const SampleAddress& at,
-                                                  std::span<const int32_t> forced = {},
-                                                  bool stream = false,
-                                                  const TurnInput* turn = nullptr);
+flatbuffers::Offset<wire::WorkItem> BuildWorkItem(
+    flatbuffers::FlatBufferBuilder& fbb, const wire::SubmitRollouts& m, uint64_t work_id,
+    const SampleAddress& at, std::span<const int32_t> forced = {}, bool stream = false,
+    const TurnInput* turn = nullptr, WorkItemShared* shared = nullptr);
 
 }  // namespace bitroll::rollout

@@ -2,6 +2,7 @@
 // a logged trajectory.
 #include "rollout/trajectory_record.h"
 
+#include <bit>
 #include <cctype>
 #include <cinttypes>
 #include <cstdio>
@@ -36,15 +37,11 @@ std::string Hex64(uint64_t v) {
 }
 
 uint32_t FloatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
+  return std::bit_cast<uint32_t>(f);
 }
 
 float BitsFloat(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return std::bit_cast<float>(bits);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // dropped field would read back as the default and be missed).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,19 +17,13 @@ namespace bitroll {
 namespace {
 
 uint32_t Bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
+  return std::bit_cast<uint32_t>(f);
 }
 uint64_t Bits(double d) {
-  uint64_t b;
-  std::memcpy(&b, &d, 8);
-  return b;
+  return std::bit_cast<uint64_t>(d);
 }
 float FloatOf(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
+  return std::bit_cast<float>(b);
 }
 
 void ExpectSame(const SamplingParams& a, const SamplingParams& b) {

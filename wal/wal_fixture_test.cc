@@ -22,6 +22,7 @@
 //     --gtest_filter=WalFixture.DISABLED_Write --gtest_also_run_disabled_tests
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -46,14 +47,10 @@ const std::string kRequest2("submit-rollouts-envelope-2", 26);
 const std::string kRequest3("submit-rollouts-envelope-3", 26);
 
 float Bits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
+  return std::bit_cast<float>(b);
 }
 uint32_t BitsOf(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
+  return std::bit_cast<uint32_t>(f);
 }
 
 const std::vector<int32_t> kIds10a = {11, 22, 33, 44, 55};

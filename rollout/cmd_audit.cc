@@ -33,6 +33,7 @@
 #include "rollout/audit_weights.h"
 #include "rollout/cli_args.h"
 #include "rollout/commands.h"
+#include "rollout/engine_flags.h"
 #include "rollout/progress.h"
 #include "rollout/trajectory_record.h"
 #include "rollout/weights_registry.h"
@@ -157,14 +158,11 @@ int CmdAuditExport(int argc, char** argv) {
 // Divergences whose top-5 alternatives are looked up (each costs one prefill).
 constexpr int kMaxExplained = 16;
 
-struct AuditFlags {
-  engine::EngineOptions eo;
+struct AuditFlags : EngineFlags {
   std::string file, data_dir, mode = "rescore", registry, connect;
   bool json = false;
-  int64_t kv_cache_mb = 0;
   int32_t trace_position = -1;
   int64_t record = 0;
-  std::string weights = "f32";
   bool tolerance = false;
 };
 
@@ -172,16 +170,8 @@ struct AuditFlags {
 // the "cpu-bf16" fingerprint of `generate --weights bf16`).
 Result<std::unique_ptr<engine::Engine>> OpenAuditEngine(const AuditFlags& f) {
   if (f.weights == "f32") return engine::OpenEngine(f.eo);
-  BR_ASSIGN_OR_RETURN(engine::ModelWeights w, engine::LoadModelWeights(f.eo.model_path));
-  engine::CpuEngineParts parts;
-  Result<std::unique_ptr<engine::Tokenizer>> tok =
-      engine::LoadTokenizerFor(f.eo.model_path, f.eo.tokenizer_path, w.config.vocab_size);
-  if (tok.ok()) parts.tokenizer = std::move(tok).value();
-  parts.weights = std::make_shared<const engine::ModelWeights>(std::move(w));
-  parts.options = f.eo;
-  parts.weight_storage = kernels::DType::kBF16;
   BR_ASSIGN_OR_RETURN(std::unique_ptr<engine::CpuEngine> e,
-                      engine::CpuEngine::Create(std::move(parts)));
+                      OpenCpuEngine(f, /*tokenizer_required=*/false));
   return std::unique_ptr<engine::Engine>(std::move(e));
 }
 
@@ -289,9 +279,6 @@ void PrintTable(const std::vector<AuditVerdict>& verdicts) {
 int CmdAudit(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "export") return CmdAuditExport(argc - 1, argv + 1);
   AuditFlags f;
-  if (const char* env_model = std::getenv("BITROLL_MODEL"); env_model != nullptr) {
-    f.eo.model_path = env_model;
-  }
   CliParser p("audit",
               "bitroll audit: recompute recorded trajectories and compare their ids and fp32 "
               "logprob bits token by token (docs/audit.md). `bitroll audit export --data-dir DIR` "
@@ -329,18 +316,7 @@ int CmdAudit(int argc, char** argv) {
          "records of another numerics fingerprint (GPU, bf16) are recomputed and reported by "
          "value (max |delta logprob|, id agreement), labelled not bitwise, instead of "
          "fingerprint_mismatch");
-  p.Group("Engine (none of these changes a bit, except --device and --weights)");
-  p.String("--device", &f.eo.device, "cpu|cuda (default cpu)", "NAME");
-  p.Integer("--threads", &f.eo.threads, "kernel threads (default 1)");
-  p.String("--isa", &f.eo.isa, "auto|scalar|avx2|avx512 (default auto)", "NAME");
-  p.String("--attention", &f.eo.attention, "auto|single|split (default auto)", "NAME");
-  p.Integer("--max-step-tokens", &f.eo.max_step_tokens,
-            "token budget of one engine step (default 512)");
-  p.Integer("--kv-cache-mb", &f.kv_cache_mb, "KV cache budget in MiB (default 0: automatic)");
-  p.String("--weights", &f.weights,
-           "CPU matmul weight storage of the records' engine: f32 (default) or bf16 "
-           "(generate --weights bf16, fingerprint cpu-bf16)",
-           "f32|bf16");
+  AddEngineFlags(&p, &f);
   p.Footer(
       "Exit status: 0 every trajectory identical, 1 a divergence, 2 something could not be "
       "audited.");
@@ -360,14 +336,11 @@ int CmdAudit(int argc, char** argv) {
   if (s.ok() && f.mode != "rescore" && f.mode != "rerun") {
     s = Status::InvalidArgument("--mode must be rescore or rerun, got '" + f.mode + "'");
   }
-  if (s.ok() && (f.kv_cache_mb < 0 || f.kv_cache_mb > (int64_t{1} << 40))) {
-    s = Status::InvalidArgument("--kv-cache-mb must be in [0, 2^40]");
-  }
-  if (s.ok() && f.weights != "f32" && (f.weights != "bf16" || f.eo.device != "cpu")) {
+  if (s.ok()) s = CheckEngineFlags(&f);
+  if (s.ok() && f.weights != "f32" && f.eo.device != "cpu") {
     s = Status::InvalidArgument("--weights must be f32, or bf16 with --device cpu");
   }
   if (!s.ok()) return UsageError("audit", s);
-  f.eo.kv_cache_bytes = f.kv_cache_mb * (int64_t{1} << 20);
   AuditOptions ao;
   AuditStats stats_holder;
   ao.mode = f.mode == "rerun" ? AuditMode::kRerun : AuditMode::kRescore;

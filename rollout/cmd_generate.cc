@@ -26,6 +26,7 @@
 #include "engine/sampler.h"
 #include "rollout/cli_args.h"
 #include "rollout/commands.h"
+#include "rollout/engine_flags.h"
 #include "rollout/progress.h"
 #include "rollout/trajectory_record.h"
 
@@ -86,9 +87,7 @@ Status ReadPrompts(const std::string& path, const engine::Tokenizer* tok,
 }
 
 // The command line of `bitroll generate`, with its defaults.
-struct GenerateFlags {
-  engine::EngineOptions eo;
-  std::string weights = "f32";
+struct GenerateFlags : EngineFlags {
   int32_t n = 1;
   int32_t steps = 256;
   int32_t max_tokens = 0;
@@ -98,7 +97,6 @@ struct GenerateFlags {
   uint64_t seed = 42;
   std::string prompt = "Once upon a time";
   std::string prompts_file;
-  int64_t kv_cache_mb = 0;
 };
 
 void AddGenerateFlags(CliParser* p, GenerateFlags* f) {
@@ -126,22 +124,7 @@ void AddGenerateFlags(CliParser* p, GenerateFlags* f) {
   p->Double("--min-p", &f->min_p, "in [0, 1], 0 = off (default 0)", "P");
   p->Integer("--seed", &f->seed, "any integer in [0, 2^64 - 1], as the wire seed (default 42)",
              "S");
-  p->Group("Engine (none of these changes a bit, except --device and --weights)");
-  p->String("--device", &f->eo.device,
-            "cpu|cuda (default cpu): cuda runs the forward pass on the GPU (weights and KV cache "
-            "on the device; a different numerics fingerprint)",
-            "NAME");
-  p->Integer("--threads", &f->eo.threads, "kernel threads (default 1)");
-  p->String("--isa", &f->eo.isa, "auto|scalar|avx2|avx512 (default auto)", "NAME");
-  p->String("--attention", &f->eo.attention, "auto|single|split (default auto)", "NAME");
-  p->Integer("--max-step-tokens", &f->eo.max_step_tokens,
-             "token budget of one engine step (default 512)");
-  p->Integer("--kv-cache-mb", &f->kv_cache_mb,
-             "KV cache budget in MiB (default 0: sized from the model and the machine)");
-  p->String("--weights", &f->weights,
-            "CPU matmul weight storage (bf16 halves memory traffic; different numerics); "
-            "--device cuda always keeps bf16 weights on the GPU",
-            "f32|bf16");
+  AddEngineFlags(p, f);
   p->Group("Output");
   p->Flag("--json", &f->json, "one JSON object per trajectory on stdout");
   p->Footer(
@@ -163,39 +146,10 @@ Status CheckGenerateFlags(GenerateFlags* f, SamplingParams* sp) {
   if (f->eo.model_path.empty()) {
     return Status::InvalidArgument("--model is required (or set BITROLL_MODEL)");
   }
-  if (f->n < 1 || f->n > 100000 || f->steps < 2 || f->max_tokens < 0 ||
-      (f->weights != "f32" && f->weights != "bf16")) {
-    return Status::InvalidArgument(
-        "-n must be in [1, 100000], --steps >= 2, --max-tokens >= 0, --weights f32|bf16");
+  if (f->n < 1 || f->n > 100000 || f->steps < 2 || f->max_tokens < 0) {
+    return Status::InvalidArgument("-n must be in [1, 100000], --steps >= 2, --max-tokens >= 0");
   }
-  if (f->kv_cache_mb < 0 || f->kv_cache_mb > (int64_t{1} << 40)) {
-    return Status::InvalidArgument("--kv-cache-mb must be in [0, 2^40]");
-  }
-  f->eo.kv_cache_bytes = f->kv_cache_mb * (int64_t{1} << 20);
-  return Status::Ok();
-}
-
-// Loads the model and tokenizer and makes the engine; *t_setup: when the engine setup began (the
-// files loaded).
-Result<std::unique_ptr<engine::CpuEngine>> OpenGenerateEngine(
-    const GenerateFlags& f, std::chrono::steady_clock::time_point* t_setup) {
-  const engine::EngineOptions& eo = f.eo;
-  Result<engine::ModelWeights> w = engine::LoadModelWeights(eo.model_path);
-  if (!w.ok()) return w.status();
-  engine::CpuEngineParts parts;
-  Result<std::unique_ptr<engine::Tokenizer>> tok =
-      engine::LoadTokenizerFor(eo.model_path, eo.tokenizer_path, w->config.vocab_size);
-  if (!tok.ok()) return tok.status();
-  parts.tokenizer = std::move(tok).value();
-  parts.weights = std::make_shared<const engine::ModelWeights>(std::move(w).value());
-  parts.options = eo;
-  parts.weight_storage = f.weights == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
-  *t_setup = std::chrono::steady_clock::now();
-  Result<std::unique_ptr<engine::ForwardBackend>> backend =
-      engine::MakeDeviceBackend(eo, parts.weights);
-  if (!backend.ok()) return backend.status();
-  parts.backend = std::move(backend).value();
-  return engine::CpuEngine::Create(std::move(parts));
+  return CheckEngineFlags(f);
 }
 
 // The prompts of --prompts FILE (or the one --prompt), each as token ids.
@@ -350,9 +304,6 @@ int Fail(const Status& s) {
 
 int CmdGenerate(int argc, char** argv) {
   GenerateFlags f;
-  if (const char* env_model = std::getenv("BITROLL_MODEL"); env_model != nullptr) {
-    f.eo.model_path = env_model;
-  }
   CliParser p("generate",
               "bitroll generate: run prompts through the engine on this machine and print the "
               "trajectories (text like llama2.c's run.c, or --json with ids, logprobs and their "
@@ -371,7 +322,8 @@ int CmdGenerate(int argc, char** argv) {
                       Status::InvalidArgument("--weights applies to --device cpu only"));
   }
   auto t_load = std::chrono::steady_clock::now(), t0 = t_load;
-  Result<std::unique_ptr<engine::CpuEngine>> made = OpenGenerateEngine(f, &t_load);
+  Result<std::unique_ptr<engine::CpuEngine>> made =
+      OpenCpuEngine(f, /*tokenizer_required=*/true, &t_load);
   if (!made.ok()) return Fail(made.status());
   engine::CpuEngine& e = **made;
   std::vector<Prompt> prompts;

@@ -19,9 +19,10 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import time
+
+from outside_common import free_port  # tests/outside, on sys.path (slurm_test.py)
 
 PR_SET_CHILD_SUBREAPER = 36
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
@@ -29,14 +30,6 @@ DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sca
 
 class SlurmUnavailable(Exception):
     """Slurm cannot run on this machine; the message says why."""
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _children_of(pid):
@@ -143,8 +136,8 @@ class SlurmCluster:
         lines = [
             "ClusterName=bitrolltest",
             "SlurmctldHost=localhost",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             f"SlurmUser={self.user}",
             f"SlurmdUser={self.user}",
             "AuthType=auth/munge",

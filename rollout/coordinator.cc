@@ -4,78 +4,26 @@
 namespace bitroll::rollout {
 
 void Coordinator::State::SendClient(const std::string& client, std::string_view bytes) {
-  if (slow_clients.count(client) != 0) return;  // dropped as a slow reader
-  if (auto it = outboxes.find(client); it != outboxes.end()) {
-    Queue(client, bytes);  // keeps this client's order
-    return;
-  }
-  TrySend(client, bytes);
+  outbox.Send(client, bytes);
 }
 
-bool Coordinator::State::TrySend(const std::string& client, std::string_view bytes) {
+ClientOutbox::SendResult Coordinator::State::SendFront(const std::string& client,
+                                                       std::string_view bytes) {
   try {
     if (!front.send(zmq::buffer(client), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-      Queue(client, bytes);
-      return false;
+      return ClientOutbox::SendResult::kWouldBlock;
     }
     front.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none);
   } catch (const zmq::error_t& e) {
-    if (e.num() == EHOSTUNREACH) {
-      gone_clients.insert(client);
-    } else {
-      spdlog::error("coordinator: send to client failed: {}", e.what());
-    }
+    if (e.num() == EHOSTUNREACH) return ClientOutbox::SendResult::kGone;
+    spdlog::error("coordinator: send to client failed: {}", e.what());
+    return ClientOutbox::SendResult::kFailed;
   }
-  return true;
-}
-
-void Coordinator::State::Queue(const std::string& client, std::string_view bytes) {
-  Outbox& ob = outboxes[client];
-  ob.msgs.emplace_back(bytes);
-  ob.bytes += bytes.size();
-  if (ob.bytes > options.max_client_buffer_bytes) {
-    spdlog::warn(
-        "coordinator: dropping a client that does not read: {} replies ({} bytes) unread, limit "
-        "{} bytes; its groups are {}",
-        ob.msgs.size(), ob.bytes, options.max_client_buffer_bytes,
-        wal ? "detached (re-attach to get them)" : "aborted");
-    outboxes.erase(client);
-    slow_clients.insert(client);
-  }
-}
-
-size_t Coordinator::State::Pending(const std::string& client) const {
-  auto it = outboxes.find(client);
-  return it == outboxes.end() ? 0 : it->second.bytes;
+  return ClientOutbox::SendResult::kSent;
 }
 
 void Coordinator::State::FlushOutbox() {
-  for (auto it = outboxes.begin(); it != outboxes.end();) {
-    const std::string& client = it->first;
-    Outbox& ob = it->second;
-    bool blocked = false;
-    while (!ob.msgs.empty() && !blocked) {
-      try {
-        if (!front.send(zmq::buffer(client),
-                        zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-          blocked = true;
-          break;
-        }
-        front.send(zmq::buffer(ob.msgs.front()), zmq::send_flags::none);
-      } catch (const zmq::error_t& e) {
-        if (e.num() == EHOSTUNREACH) gone_clients.insert(client);
-        ob.msgs.clear();
-        break;
-      }
-      ob.bytes -= ob.msgs.front().size();
-      ob.msgs.pop_front();
-    }
-    if (ob.msgs.empty()) {
-      it = outboxes.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  outbox.Flush();
   PumpRedelivery();
 }
 
@@ -101,7 +49,7 @@ void Coordinator::State::OnClient(const std::string& client, const zmq::message_
     return;
   }
   const wire::Envelope* e = *env;
-  if (dropped.erase(client) != 0) {
+  if (outbox.ConsumeDropped(client)) {
     SendError(
         client, 0,
         Status::ResourceExhausted(
@@ -375,7 +323,7 @@ void Coordinator::State::ClientGone(const std::string& client) {
     spdlog::warn("coordinator: client vanished; {} its {} live group(s)",
                  wal ? "detaching" : "aborting", gone.size());
   }
-  outboxes.erase(client);
+  outbox.Forget(client);
   connections_seen.erase(client);
   for (Group* g : gone) {
     g->client.clear();  // GroupDone goes nowhere
@@ -444,30 +392,6 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
   SendClient(client, BufferView(fbb));
 }
 
-int Coordinator::State::Choose(uint64_t affinity_key) {
-  auto it = affinity.find(affinity_key);
-  if (it != affinity.end()) {
-    const Replica& r = replicas[it->second];
-    if (r.alive && !r.stale && r.inflight.size() < r.capacity) return it->second;
-  }
-  int best = -1;
-  double best_load = 2.0;
-  for (int i = 0; i < static_cast<int>(replicas.size()); ++i) {
-    const Replica& r = replicas[i];
-    if (!r.alive || r.stale || r.inflight.size() >= r.capacity) continue;
-    const double load = static_cast<double>(r.inflight.size()) / r.capacity;
-    if (load < best_load) {
-      best = i;
-      best_load = load;
-    }
-  }
-  if (best >= 0) {
-    if (affinity.size() > 100000) affinity.clear();
-    affinity[affinity_key] = best;
-  }
-  return best;
-}
-
 void Coordinator::State::Dispatch() {
   if (paused || (update.active && update.drain && update.kind != PendingUpdate::Kind::kPart) ||
       queued == 0) {
@@ -495,7 +419,7 @@ void Coordinator::State::Dispatch() {
     auto wit = works.find(id);
     if (wit == works.end() || wit->second.replica >= 0) return FairQueue::Take::kStale;  // aborted
     Work& w = wit->second;
-    const int r = Choose(w.affinity);
+    const int r = replicas.Choose(w.affinity);
     if (r < 0) return FairQueue::Take::kFull;
     --queued;
     w.replica = r;
@@ -524,28 +448,20 @@ void Coordinator::State::Dispatch() {
 }
 
 void Coordinator::State::HandleFailures() {
-  while (!dead_replicas.empty() || !gone_clients.empty() || !slow_clients.empty()) {
-    auto slow = std::move(slow_clients);
-    slow_clients.clear();
-    for (const std::string& c : slow) {
+  while (replicas.AnyUnreachable() || outbox.AnyFailed()) {
+    for (const std::string& c : outbox.TakeSlow()) {
       ClientGone(c);
-      if (dropped.size() > 100000) dropped.clear();
-      dropped.insert(c);
+      outbox.MarkDropped(c);
     }
-    auto dead = std::move(dead_replicas);
-    dead_replicas.clear();
-    for (int r : dead) ReplicaDead(r, "unreachable");
-    auto gone = std::move(gone_clients);
-    gone_clients.clear();
-    for (const std::string& c : gone) ClientGone(c);
+    for (int r : replicas.TakeUnreachable()) ReplicaDead(r, "unreachable");
+    for (const std::string& c : outbox.TakeGone()) ClientGone(c);
   }
 }
 
 void Coordinator::State::CheckTimeouts() {
-  const auto now = Clock::now();
-  const auto limit = std::chrono::milliseconds(options.replica_timeout_ms);
-  for (int r = 0; r < static_cast<int>(replicas.size()); ++r) {
-    if (replicas[r].alive && now - replicas[r].last_seen > limit) ReplicaDead(r, "timed out");
+  for (int r :
+       replicas.Silent(Clock::now(), std::chrono::milliseconds(options.replica_timeout_ms))) {
+    ReplicaDead(r, "timed out");
   }
 }
 
@@ -558,7 +474,7 @@ void Coordinator::State::Run() {
   zmq::message_t id, body;
   while (!stop->load(std::memory_order_relaxed)) {
     try {
-      int wait_ms = outboxes.empty() && redelivering.empty() ? 20 : 1;
+      int wait_ms = outbox.Empty() && redelivering.empty() ? 20 : 1;
       wait_ms = journal->PollWaitMs(wait_ms);
       zmq::poll(items, n_items, std::chrono::milliseconds(wait_ms));
       if (n_items == 3 && (items[2].revents & ZMQ_POLLIN)) OnToolsDone();

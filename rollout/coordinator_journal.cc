@@ -9,6 +9,9 @@ Coordinator::State::State(zmq::context_t& ctx, const CoordinatorOptions& o)
     : options(o),
       front(ctx, zmq::socket_type::router),
       back(ctx, zmq::socket_type::router),
+      outbox([this](const std::string& c, std::string_view b) { return SendFront(c, b); },
+             o.max_client_buffer_bytes,
+             o.wal.dir.empty() ? "aborted" : "detached (re-attach to get them)"),
       journal(std::make_unique<Journal>(*this)) {}
 
 // ---- events ----

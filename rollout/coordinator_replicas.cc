@@ -5,12 +5,16 @@
 namespace bitroll::rollout {
 
 void Coordinator::State::SendReplica(int r, flatbuffers::FlatBufferBuilder& fbb) {
+  SendReplicaBytes(r, BufferView(fbb));
+}
+
+void Coordinator::State::SendReplicaBytes(int r, std::string_view bytes) {
   try {
     back.send(zmq::buffer(replicas[r].identity), zmq::send_flags::sndmore);
-    back.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()), zmq::send_flags::none);
+    back.send(zmq::buffer(bytes), zmq::send_flags::none);
   } catch (const zmq::error_t& e) {
     spdlog::warn("coordinator: send to replica {} failed: {}", replicas[r].name, e.what());
-    if (e.num() == EHOSTUNREACH) dead_replicas.insert(r);
+    if (e.num() == EHOSTUNREACH) replicas.MarkUnreachable(r);
   }
 }
 
@@ -46,9 +50,8 @@ void Coordinator::State::OnReplica(const std::string& identity, const zmq::messa
   }
   const wire::Envelope* e = *env;
   if (e->msg_type() == wire::Message_ReplicaHello) return OnHello(identity, e);
-  auto it = replica_by_identity.find(identity);
-  if (it == replica_by_identity.end() || !replicas[it->second].alive) return;  // stale
-  const int r = it->second;
+  const int r = replicas.Find(identity);
+  if (r < 0 || !replicas[r].alive) return;  // stale
   replicas[r].last_seen = Clock::now();
   switch (e->msg_type()) {
     case wire::Message_ReplicaHeartbeat:
@@ -87,18 +90,10 @@ void Coordinator::State::OnHello(const std::string& identity, const wire::Envelo
     options.submit.max_seq_len = h->max_seq_len();
   }
   if (eos_id < 0) eos_id = h->eos_id();
-  auto it = replica_by_identity.find(identity);
-  int r;
-  if (it != replica_by_identity.end()) {
-    r = it->second;
-    if (replicas[r].alive) ReplicaDead(r, "said hello again");
-  } else {
-    r = static_cast<int>(replicas.size());
-    replicas.emplace_back();
-    replica_by_identity[identity] = r;
-  }
+  bool rejoined = false;
+  const int r = replicas.Join(identity, &rejoined);
+  if (rejoined && replicas[r].alive) ReplicaDead(r, "said hello again");
   Replica& rep = replicas[r];
-  rep.identity = identity;
   rep.name = name;
   rep.remote = h->remote();
   rep.capacity = std::max<uint32_t>(1, h->capacity());

@@ -25,9 +25,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include "rollout/client_outbox.h"
 #include "rollout/fair_queue.h"
 #include "rollout/messages.h"
 #include "rollout/metrics.h"
+#include "rollout/rate_meter.h"
+#include "rollout/replica_set.h"
 #include "rollout/tool_call.h"
 #include "rollout/tool_runner.h"
 #include "rollout/wal_log.h"
@@ -36,12 +39,6 @@ namespace bitroll::rollout {
 
 // Helpers of the coordinator's files (a named namespace: this header is included by several).
 namespace coordinator_internal {
-
-using Clock = std::chrono::steady_clock;
-
-inline double Seconds(Clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
 
 inline uint64_t HashBytes(const void* data, size_t n, uint64_t h = 0xCBF29CE484222325ull) {
   const auto* p = static_cast<const uint8_t*>(data);
@@ -74,44 +71,14 @@ inline size_t ReplicaMessageLimit(const DecodeLimits& coordinator) {
   return std::min(coordinator.max_message_bytes, DecodeLimits{}.max_message_bytes);
 }
 
-// Decode tokens per second over a sliding window of one-second buckets.
-class RateMeter {
- public:
-  void Add(int64_t n, Clock::time_point now) {
-    Roll(now);
-    buckets_.back().second += n;
-  }
-  double PerSecond(Clock::time_point now) {
-    Roll(now);
-    int64_t sum = 0;
-    for (const auto& b : buckets_) sum += b.second;
-    const double span = std::max(1.0, Seconds(now - buckets_.front().first));
-    return static_cast<double>(sum) / span;
-  }
-
- private:
-  void Roll(Clock::time_point now) {
-    if (buckets_.empty() || now - buckets_.back().first >= std::chrono::seconds(1)) {
-      buckets_.emplace_back(now, 0);
-    }
-    while (buckets_.size() > 1 && now - buckets_.front().first > std::chrono::seconds(5)) {
-      buckets_.pop_front();
-    }
-  }
-  std::deque<std::pair<Clock::time_point, int64_t>> buckets_;
-};
-
 }  // namespace coordinator_internal
 
-using coordinator_internal::Clock;
 using coordinator_internal::HashBytes;
 using coordinator_internal::kMaxClientIdBytes;
 using coordinator_internal::kMaxReplicaMessageBytes;
 using coordinator_internal::kMaxTrackedConnections;
 using coordinator_internal::OwnerOf;
-using coordinator_internal::RateMeter;
 using coordinator_internal::ReplicaMessageLimit;
-using coordinator_internal::Seconds;
 
 struct Coordinator::State {
   struct Group {
@@ -147,11 +114,6 @@ struct Coordinator::State {
     uint32_t n = 0, total = 0, delivered = 0, errors = 0, aborted = 0, acked = 0;
     Cost cost;
     Clock::time_point since;
-  };
-  // Replies that hit the client's ZeroMQ high-water mark, per connection.
-  struct Outbox {
-    std::deque<std::string> msgs;
-    size_t bytes = 0;
   };
   struct Work {
     uint64_t id = 0;
@@ -191,22 +153,7 @@ struct Coordinator::State {
     bool failed = false;
     uint64_t lsn = 0;  // the finish record's LSN: delivered once DurableLsn() reaches it
   };
-  struct Replica {
-    std::string identity;
-    std::string name;
-    bool remote = false, alive = true;
-    uint32_t capacity = 256;
-    std::unordered_set<uint64_t> inflight;
-    Clock::time_point last_seen;
-    uint64_t weight_version = 0;
-    int64_t running = 0;
-    RateMeter rate;
-    // Weight catch-up of a (re)joined replica (coordinator_weights.cc): the request ids of the
-    // updates replayed to it; stale = it cannot serve the live weights (a replay failed, or they
-    // came by NCCL broadcast): nothing is dispatched to it.
-    std::unordered_set<uint64_t> catchup;
-    bool stale = false;
-  };
+  using Replica = ReplicaEntry;  // rollout/replica_set.h
   // One UpdateWeights in flight to the replicas (coordinator_weights.cc).
   struct PendingUpdate {
     enum class Kind { kPath, kPart, kCommit, kNccl };
@@ -248,17 +195,10 @@ struct Coordinator::State {
   std::unordered_map<uint64_t, Work> works;
   FairQueue queue;  // work ids waiting for a replica (rollout/fair_queue.h)
   uint64_t queued = 0;
-  std::vector<Replica> replicas;
-  std::unordered_map<std::string, int> replica_by_identity;
-  std::unordered_map<uint64_t, int> affinity;
-  std::unordered_map<std::string, Outbox> outboxes;  // non-empty ones only
-  // Found while sending; handled between loop iterations so no iteration is invalidated.
-  std::unordered_set<std::string> gone_clients;
-  // Connections whose unread replies passed options.max_client_buffer_bytes: nothing more is
-  // sent to them; HandleFailures detaches (WAL) or aborts their groups, and `dropped` tells
-  // them why on their next message.
-  std::unordered_set<std::string> slow_clients;
-  std::unordered_set<std::string> dropped;
+  ReplicaSet replicas;  // rollout/replica_set.h: joins, choice, unreachable ones
+  // Replies to clients (rollout/client_outbox.h): queued past ZeroMQ's high-water mark; its slow
+  // and gone connections are handled between loop iterations (HandleFailures).
+  ClientOutbox outbox;
   // WAL mode: the order in which connections were first heard from (ConnectionSeen), so that a
   // re-attach never moves a group from a newer connection of its owner back to an older one.
   std::unordered_map<std::string, uint64_t> connections_seen;
@@ -266,7 +206,6 @@ struct Coordinator::State {
   size_t connections_prune_at = 0;
   // Groups re-delivering after a re-attach (keys), pumped as their client's output drains.
   std::unordered_set<std::string> redelivering;
-  std::unordered_set<int> dead_replicas;
   std::vector<uint64_t> align_buf;  // AlignForRead storage for the message being handled
   uint64_t next_work_id = 1;
   uint64_t next_update_id = 1;
@@ -315,17 +254,11 @@ struct Coordinator::State {
 
   void SendClient(const std::string& client, std::string_view bytes);
 
-  // Returns false when the message must wait (EAGAIN); a vanished client aborts its groups.
-  bool TrySend(const std::string& client, std::string_view bytes);
+  // outbox's transport: one reply on the client ROUTER, never blocking.
+  ClientOutbox::SendResult SendFront(const std::string& client, std::string_view bytes);
 
-  // Queues a reply that hit EAGAIN; past options.max_client_buffer_bytes the connection is
-  // dropped as a slow reader (slow_clients).
-  void Queue(const std::string& client, std::string_view bytes);
-
+  // Sends queued replies, then re-delivers to re-attached clients with room.
   void FlushOutbox();
-
-  // Bytes waiting in the coordinator for `client` (beyond ZeroMQ's own queue).
-  size_t Pending(const std::string& client) const;
 
   void SendError(const std::string& client, uint64_t request_id, const Status& s,
                  uint64_t group_id = 0);
@@ -495,10 +428,6 @@ struct Coordinator::State {
                   const Cost& cost, std::string_view replica, bool wal_bytes_slot);
 
   // ---- dispatch ----
-
-  // Chooses a replica for a sample: its prefix's replica when alive with room, else the least
-  // loaded one with room; -1 when every replica is full.
-  int Choose(uint64_t affinity_key);
 
   void Dispatch();
 

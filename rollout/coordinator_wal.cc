@@ -75,7 +75,7 @@ void Coordinator::State::PumpRedelivery() {
     const uint32_t n = g->submit->n();
     const std::string tag = g->submit->client_tag() ? g->submit->client_tag()->str() : "";
     bool done = false;
-    while (!done && Pending(client) < room && slow_clients.count(client) == 0) {
+    while (!done && outbox.Pending(client) < room && !outbox.IsSlow(client)) {
       if (!g->from_wal) {
         auto it = g->sent.lower_bound(g->cursor);
         if (it == g->sent.end()) {

@@ -71,23 +71,7 @@ std::string EncodeAbort(uint64_t version) {
   return std::string(BufferView(fbb));
 }
 
-int LiveReplicas(const std::vector<Coordinator::State::Replica>& replicas) {
-  int n = 0;
-  for (const auto& r : replicas) n += r.alive ? 1 : 0;
-  return n;
-}
-
 }  // namespace
-
-void Coordinator::State::SendReplicaBytes(int r, std::string_view bytes) {
-  try {
-    back.send(zmq::buffer(replicas[r].identity), zmq::send_flags::sndmore);
-    back.send(zmq::buffer(bytes), zmq::send_flags::none);
-  } catch (const zmq::error_t& e) {
-    spdlog::warn("coordinator: send to replica {} failed: {}", replicas[r].name, e.what());
-    if (e.num() == EHOSTUNREACH) dead_replicas.insert(r);
-  }
-}
 
 void Coordinator::State::OnUpdateWeights(const std::string& client, const wire::Envelope* e,
                                          const void* data, size_t size) {
@@ -134,7 +118,7 @@ void Coordinator::State::OnUpdateWeights(const std::string& client, const wire::
   }
   if (stream.active && !same_stream) AbortStream("its client started another update");
   if (nccl) {
-    const int live = LiveReplicas(replicas);
+    const int live = replicas.Live();
     if (u->nccl()->world_size() != live + 1) {
       return SendError(
           client, rid,

@@ -77,28 +77,6 @@ void SortByProbDesc(std::vector<std::pair<float, int32_t>>* v,
 
 }  // namespace
 
-Status ValidateSamplingParams(const SamplingParams& p) {
-  if (!std::isfinite(p.temperature) || p.temperature < 0.0f) {
-    return Status::InvalidArgument("temperature must be finite and >= 0, got " +
-                                   std::to_string(p.temperature));
-  }
-  if (p.temperature > 0.0f && p.temperature < kMinTemperature) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.9g", p.temperature);
-    return Status::InvalidArgument(std::string("temperature must be 0 (greedy) or >= 1e-06, got ") +
-                                   buf);
-  }
-  if (p.top_k < 0)
-    return Status::InvalidArgument("top_k must be >= 0, got " + std::to_string(p.top_k));
-  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
-    return Status::InvalidArgument("top_p must be in (0, 1], got " + std::to_string(p.top_p));
-  }
-  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
-    return Status::InvalidArgument("min_p must be in [0, 1], got " + std::to_string(p.min_p));
-  }
-  return Status::Ok();
-}
-
 Sampler::Sampler(kernels::Isa isa) : isa_(isa) {}
 
 void Sampler::Filter(const float* logits, int32_t vocab, const SamplingParams& p) {

@@ -54,12 +54,8 @@ struct SampleResult {
   float logprob = 0.0f;
 };
 
-// kMinTemperature (the smallest positive temperature accepted) is in schema/vocab.h.
-
-// OK when temperature is 0 or in [kMinTemperature, FLT_MAX], top_k >= 0, 0 < top_p <= 1 and
-// 0 <= min_p <= 1.
-// Errors: kInvalidArgument naming the field and its value.
-Status ValidateSamplingParams(const SamplingParams& p);
+// kMinTemperature and ValidateSamplingParams (the one check of these values) are in
+// schema/vocab.h.
 
 class Sampler {
  public:

@@ -142,7 +142,7 @@ Status CheckGenerateFlags(GenerateFlags* f, SamplingParams* sp) {
                                    std::to_string(f->top_k));
   }
   sp->top_k = static_cast<int32_t>(f->top_k);
-  BR_RETURN_IF_ERROR(engine::ValidateSamplingParams(*sp));
+  BR_RETURN_IF_ERROR(ValidateSamplingParams(*sp));
   if (f->eo.model_path.empty()) {
     return Status::InvalidArgument("--model is required (or set BITROLL_MODEL)");
   }

@@ -60,13 +60,6 @@ Status CheckIds(const flatbuffers::Vector<int32_t>* ids, int32_t vocab, const ch
   return Status::Ok();
 }
 
-// %.9g of a float: enough digits to tell it apart (std::to_string prints 1e-45 as 0.000000).
-std::string FloatText(float v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.9g", v);
-  return buf;
-}
-
 }  // namespace
 
 Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits) {
@@ -96,23 +89,7 @@ Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits)
     return Status::InvalidArgument("max_turns = " + std::to_string(m.max_turns()) +
                                    " is outside [1, " + std::to_string(limits.max_turns) + "]");
   }
-  if (const auto* s = m.sampling()) {
-    if (!std::isfinite(s->temperature()) || s->temperature() < 0.0f) {
-      return Status::InvalidArgument("temperature must be finite and >= 0");
-    }
-    if (s->temperature() > 0.0f && s->temperature() < kMinTemperature) {
-      // logits / T overflows fp32: every logprob would be NaN (0 is greedy).
-      return Status::InvalidArgument("temperature must be 0 (greedy) or >= 1e-06, got " +
-                                     FloatText(s->temperature()));
-    }
-    if (s->top_k() < 0) return Status::InvalidArgument("top_k must be >= 0");
-    if (!(s->top_p() > 0.0f && s->top_p() <= 1.0f)) {
-      return Status::InvalidArgument("top_p must be in (0, 1]");
-    }
-    if (!(s->min_p() >= 0.0f && s->min_p() <= 1.0f)) {
-      return Status::InvalidArgument("min_p must be in [0, 1]");
-    }
-  }
+  BR_RETURN_IF_ERROR(ValidateSamplingParams(SamplingFromWire(m)));
   for (uint32_t i = 0; i < prompts->size(); ++i) {
     const wire::Prompt* p = prompts->Get(i);
     const bool has_ids = p->ids() != nullptr;

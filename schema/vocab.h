@@ -13,8 +13,10 @@
 // translators check every enumerator against its FlatBuffers mirror at compile time.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,10 +38,38 @@ struct SamplingParams {
 };
 
 // The smallest positive temperature accepted. 0 means greedy; a temperature in (0, 1e-6) is
-// refused with kInvalidArgument (by the engine's ValidateSamplingParams, the wire's ValidateSubmit
-// and `bitroll generate`): logits / T overflows fp32 for ordinary logits (NaN logprobs), and such a
-// distribution's logprobs are all about 0 or -inf, which no trainer can use. Pass 0 for greedy.
+// refused with kInvalidArgument (ValidateSamplingParams below): logits / T overflows fp32 for
+// ordinary logits (NaN logprobs), and such a distribution's logprobs are all about 0 or -inf, which
+// no trainer can use. Pass 0 for greedy.
 inline constexpr float kMinTemperature = 1e-6f;
+
+// The one check of sampling parameters (the wire's ValidateSubmit, the engine's Add and `bitroll
+// generate` call it): OK, or kInvalidArgument naming the first field out of range, with its value.
+// temperature: finite, 0 or >= kMinTemperature; top_k >= 0; top_p in (0, 1]; min_p in [0, 1].
+inline Status ValidateSamplingParams(const SamplingParams& p) {
+  auto text = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.9g", v);
+    return std::string(buf);
+  };
+  if (!std::isfinite(p.temperature) || p.temperature < 0.0f) {
+    return Status::InvalidArgument("temperature must be finite and >= 0, got " +
+                                   text(p.temperature));
+  }
+  if (p.temperature > 0.0f && p.temperature < kMinTemperature) {
+    // logits / T overflows fp32: every logprob would be NaN (0 is greedy).
+    return Status::InvalidArgument("temperature must be 0 (greedy) or >= 1e-06, got " +
+                                   text(p.temperature));
+  }
+  if (p.top_k < 0) return Status::InvalidArgument("top_k must be >= 0, got " + text(p.top_k));
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    return Status::InvalidArgument("top_p must be in (0, 1], got " + text(p.top_p));
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return Status::InvalidArgument("min_p must be in [0, 1], got " + text(p.min_p));
+  }
+  return Status::Ok();
+}
 
 // Identifies the numerics: equality of results is promised within one fingerprint.
 struct NumericsFingerprint {

@@ -131,6 +131,20 @@ void Coordinator::State::ReplicaDead(int r, const char* why) {
   }
 }
 
+void Coordinator::State::BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w,
+                                    const wire::Trajectory& t, const Cost& cost,
+                                    std::string_view replica, bool wal_bytes_slot) {
+  TurnPrefix p;
+  p.ids = w.ctx_ids;
+  p.lps = w.ctx_lps;
+  p.mask = w.ctx_mask;
+  p.versions = w.ctx_versions;
+  p.turns = w.turn;
+  p.calls = w.calls;
+  BuildClientTrajectory(fbb, t, {w.group->group_id, w.prompt_index, w.sample_index}, cost, replica,
+                        w.group->submit->client_tag(), &p, wal_bytes_slot);
+}
+
 void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
   const auto now = Clock::now();
   if (const auto* chunks = res->chunks()) {

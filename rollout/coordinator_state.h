@@ -359,6 +359,12 @@ struct Coordinator::State {
 
   void OnResults(int r, const wire::ReplicaResults* res);
 
+  // The client Trajectory of a finished work item: its earlier turns, then t's tokens. The one
+  // encode of a finished trajectory: the log keeps tokens, not this envelope, and a held one
+  // only gets its cost.wal_bytes set in place (wal_bytes_slot, SetTrajectoryWalBytes).
+  void BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w, const wire::Trajectory& t,
+                  const Cost& cost, std::string_view replica, bool wal_bytes_slot);
+
   // ---- WAL (rollout/wal_log.h) ----
   // The logging itself (coordinator_journal.cc), called only by the Journal.
 
@@ -420,12 +426,6 @@ struct Coordinator::State {
   void FinishCall(Work* w, uint32_t call_index, const sandbox::RunResult* run);
 
   void OnToolsDone();
-
-  // The client Trajectory of a finished work item: its earlier turns, then t's tokens. The one
-  // encode of a finished trajectory: the log keeps tokens, not this envelope, and a held one
-  // only gets its cost.wal_bytes set in place (wal_bytes_slot, SetTrajectoryWalBytes).
-  void BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w, const wire::Trajectory& t,
-                  const Cost& cost, std::string_view replica, bool wal_bytes_slot);
 
   // ---- dispatch ----
 

@@ -129,18 +129,4 @@ void Coordinator::State::OnInjected(Work* w, const flatbuffers::Vector<int32_t>&
   w->inject.clear();
 }
 
-void Coordinator::State::BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w,
-                                    const wire::Trajectory& t, const Cost& cost,
-                                    std::string_view replica, bool wal_bytes_slot) {
-  TurnPrefix p;
-  p.ids = w.ctx_ids;
-  p.lps = w.ctx_lps;
-  p.mask = w.ctx_mask;
-  p.versions = w.ctx_versions;
-  p.turns = w.turn;
-  p.calls = w.calls;
-  BuildClientTrajectory(fbb, t, {w.group->group_id, w.prompt_index, w.sample_index}, cost, replica,
-                        w.group->submit->client_tag(), &p, wal_bytes_slot);
-}
-
 }  // namespace bitroll::rollout

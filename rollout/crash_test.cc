@@ -256,7 +256,7 @@ void ReplicaFailover(EngineKind kind) {
   const std::string rep_ep = FreeLoopbackEndpoint();
   pid_t serve = SpawnQuiet({BITROLL_EXE, "serve", "--engine", "null", "--data-dir", dir, "--bind",
                             ep, "--replica-bind", rep_ep, "--replicas", "0", "--replica-timeout-ms",
-                            "300", "--log-level", "warn"});
+                            "1000", "--log-level", "warn"});
   ASSERT_GT(serve, 0);
   std::vector<pid_t> reps;
   for (int i = 0; i < 2; ++i) {
@@ -266,7 +266,12 @@ void ReplicaFailover(EngineKind kind) {
     for (auto& a : kind.ServeArgs()) args.push_back(a);
     reps.push_back(SpawnQuiet(args));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(kind.real ? 1500 : 400));
+  // Both replicas joined before the group goes in (a fixed sleep is too short on a loaded
+  // machine: the kill would then find no work on replica 0).
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+       QueryWal(ep, 500).live_replicas < 2 && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   ClientOptions co;
   co.client_id = "trainer";  // re-attaching needs the same owner
   co.endpoint = ep;
@@ -297,7 +302,8 @@ void ReplicaFailover(EngineKind kind) {
     }
   }
   const WalStatus ws = QueryWal(ep);
-  for (pid_t p : {serve, reps[1]}) kill(p, SIGTERM);
+  // Every child ends, whether the kill happened or not (a test that fails must not hang).
+  for (pid_t p : {serve, reps[0], reps[1]}) kill(p, SIGTERM);
   for (pid_t p : {serve, reps[0], reps[1]}) waitpid(p, nullptr, 0);
   std::filesystem::remove_all(dir);
   EXPECT_TRUE(done);

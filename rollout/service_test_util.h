@@ -169,6 +169,7 @@ struct WalStatus {
   bool replied = false;  // a StatusReply arrived
   bool ok = false;       // the WAL is enabled
   uint64_t recovered = 0, forced = 0, mismatches = 0, resumed = 0, logged = 0, bytes = 0;
+  int live_replicas = 0;
   uint16_t error_code = 0;  // wire ErrorCode of the WAL's sticky error (0: none)
   std::string error_message;
 };
@@ -198,6 +199,9 @@ inline WalStatus QueryWal(const std::string& endpoint, int timeout_ms = 2000) {
     w.resumed = r->wal_resumed();
     w.logged = r->wal_tokens_logged();
     w.bytes = r->wal_bytes();
+    if (const auto* reps = r->replicas()) {
+      for (const auto* rep : *reps) w.live_replicas += rep->alive() ? 1 : 0;
+    }
     if (const auto* e = r->wal_error()) {
       w.error_code = e->code();
       if (e->message()) w.error_message = e->message()->str();

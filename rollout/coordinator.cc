@@ -324,7 +324,7 @@ void Coordinator::State::ClientGone(const std::string& client) {
                  wal ? "detaching" : "aborting", gone.size());
   }
   outbox.Forget(client);
-  connections_seen.erase(client);
+  connections.Forget(client);
   for (Group* g : gone) {
     g->client.clear();  // GroupDone goes nowhere
     if (wal) {
@@ -338,23 +338,6 @@ void Coordinator::State::ClientGone(const std::string& client) {
       AbortGroup(g);
     }
   }
-}
-
-uint64_t Coordinator::State::ConnectionSeen(const std::string& client) {
-  if (auto it = connections_seen.find(client); it != connections_seen.end()) return it->second;
-  if (connections_seen.size() >= std::max(kMaxTrackedConnections, connections_prune_at)) {
-    std::unordered_map<std::string, uint64_t> keep;
-    for (const auto& [k, g] : groups) {
-      if (auto it = connections_seen.find(g->client); it != connections_seen.end()) {
-        keep.insert(*it);
-      }
-    }
-    connections_seen = std::move(keep);
-    connections_prune_at = 2 * connections_seen.size();  // amortized: no rebuild per message
-  }
-  const uint64_t seen = next_connection_seen++;
-  connections_seen.emplace(client, seen);
-  return seen;
 }
 
 void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id) {

@@ -12,6 +12,12 @@ Coordinator::State::State(zmq::context_t& ctx, const CoordinatorOptions& o)
       outbox([this](const std::string& c, std::string_view b) { return SendFront(c, b); },
              o.max_client_buffer_bytes,
              o.wal.dir.empty() ? "aborted" : "detached (re-attach to get them)"),
+      connections(kMaxTrackedConnections,
+                  [this] {
+                    std::vector<std::string> held;
+                    for (const auto& [key, g] : groups) held.push_back(g->client);
+                    return held;
+                  }),
       journal(std::make_unique<Journal>(*this)) {}
 
 // ---- events ----

@@ -26,6 +26,7 @@
 #include <spdlog/spdlog.h>
 
 #include "rollout/client_outbox.h"
+#include "rollout/connection_ages.h"
 #include "rollout/fair_queue.h"
 #include "rollout/messages.h"
 #include "rollout/metrics.h"
@@ -199,11 +200,9 @@ struct Coordinator::State {
   // Replies to clients (rollout/client_outbox.h): queued past ZeroMQ's high-water mark; its slow
   // and gone connections are handled between loop iterations (HandleFailures).
   ClientOutbox outbox;
-  // WAL mode: the order in which connections were first heard from (ConnectionSeen), so that a
-  // re-attach never moves a group from a newer connection of its owner back to an older one.
-  std::unordered_map<std::string, uint64_t> connections_seen;
-  uint64_t next_connection_seen = 1;
-  size_t connections_prune_at = 0;
+  // WAL mode: the order in which connections were first heard from (rollout/connection_ages.h);
+  // a prune keeps the connections that hold a group.
+  ConnectionAges connections;
   // Groups re-delivering after a re-attach (keys), pumped as their client's output drains.
   std::unordered_set<std::string> redelivering;
   std::vector<uint64_t> align_buf;  // AlignForRead storage for the message being handled
@@ -299,10 +298,8 @@ struct Coordinator::State {
                uint64_t request_id);
 
   void ClientGone(const std::string& client);
-  // When `client` was first heard from (WAL mode): larger is newer. The map is bounded: past
-  // kMaxTrackedConnections entries, those of connections that hold no group are forgotten
-  // (such a connection counts as new if it speaks again).
-  uint64_t ConnectionSeen(const std::string& client);
+  // When `client` was first heard from (WAL mode): larger is newer (connections.Seen).
+  uint64_t ConnectionSeen(const std::string& client) { return connections.Seen(client); }
 
   void OnStatus(const std::string& client, uint64_t request_id);
 

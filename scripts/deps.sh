@@ -19,6 +19,8 @@ PACKAGES=(
   python3-pip python3-setuptools python3-venv
   # operations tests (tests/ops/): a single-host Slurm cluster, scripts/plot_cost.py's pictures
   slurm-wlm munge python3-matplotlib
+  # bitroll.torch (python/ext, issue 15): the kernels module and the trainer tests/example
+  pybind11-dev python3-dev python3-torch
   prometheus  # test only: the ops test scrapes `bitroll serve --metrics-bind` with it
 )
 

@@ -78,3 +78,43 @@ class Checks:
     def done(self):
         print("FAILED: %d check(s)" % self.failed if self.failed else "all checks passed")
         sys.exit(1 if self.failed else 0)
+
+
+class Service:
+    """`bitroll serve` on a free 127.0.0.1 port, its log in a temporary file; a context manager
+    that kills it (SIGKILL to its process group) on exit."""
+
+    def __init__(self, bitroll, model, replicas=2, extra=()):
+        import socket
+        import tempfile
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.endpoint = "tcp://127.0.0.1:%d" % s.getsockname()[1]
+        s.close()
+        self.argv = [bitroll, "serve", "--model", model, "--replicas", str(replicas),
+                     "--threads", "1", "--bind", self.endpoint, *extra]
+        self.log = tempfile.NamedTemporaryFile(prefix="bitroll_trainer_", suffix=".log")
+        self.proc = None
+
+    def __enter__(self):
+        import time
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with open(self.log.name, "rb") as f:
+                if b"bitroll serve: clients" in f.read():
+                    return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.__exit__()
+        with open(self.log.name, "rb") as f:
+            raise RuntimeError("bitroll serve did not start:\n" + f.read()[-2000:].decode())
+
+    def __exit__(self, *exc):
+        import signal
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.log.close()

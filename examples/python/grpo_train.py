@@ -235,6 +235,7 @@ def main():
     if args.log_json:
         with open(args.log_json, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in log)
+    zero = all(r["max_abs_diff_first_minibatch"] == 0 for r in log)
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")
@@ -248,11 +249,11 @@ def main():
         ax.plot(steps, smooth, "-", label=f"moving mean ({k} steps)")
         ax.set_xlabel("GRPO step")
         ax.set_ylabel(f"reward (\"{WORD.strip()}\" count, capped)")
-        ax.set_title("GRPO on stories260K with bitroll (CPU); max|rollout-trainer| = 0")
+        ax.set_title("GRPO with bitroll (CPU); max|rollout-trainer| " +
+                     ("= 0 at every step" if zero else "NOT 0"))
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(args.plot)
-    zero = all(r["max_abs_diff_first_minibatch"] == 0 for r in log)
     print(f"max |rollout - trainer logprob| at each step's first minibatch: "
           f"{'0 at every step' if zero else 'NOT 0'}; reward {log[0]['reward']:.3f} -> "
           f"{np.mean([r['reward'] for r in log[-5:]]):.3f} (mean of the last 5 steps)")

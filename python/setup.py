@@ -3,6 +3,10 @@
 The FlatBuffers Python code of the wire protocol is generated from the checkout's
 schema/rollout.fbs (or $BITROLL_FBS) by flatc (or $BITROLL_FLATC) into the built package, never
 into the source tree and never at import. The rest of the metadata is in pyproject.toml.
+
+bitroll.torch's compiled module (bitroll_kernels_ext, built by CMake from python/ext) is copied
+into the package when $BITROLL_KERNELS_EXT names the built file; without it bitroll.torch is
+installed but importing it says how to get the module.
 """
 
 import os
@@ -60,9 +64,16 @@ class BuildPyWithWire(build_py):
         else:
             package_dir = os.path.join(self.build_lib, "bitroll")
         self._wire = generate_wire(package_dir)
+        ext = os.environ.get("BITROLL_KERNELS_EXT")
+        if ext:
+            if not os.path.isfile(ext):
+                raise FileError(f"bitroll: BITROLL_KERNELS_EXT={ext} is not a file")
+            dst = os.path.join(package_dir, "torch", os.path.basename(ext))
+            shutil.copyfile(ext, dst)
+            self._wire.append(dst)
 
     def get_outputs(self, include_bytecode=True):
         return super().get_outputs(include_bytecode) + list(getattr(self, "_wire", []))
 
 
-setup(packages=["bitroll"], cmdclass={"build_py": BuildPyWithWire})
+setup(packages=["bitroll", "bitroll.torch"], cmdclass={"build_py": BuildPyWithWire})

@@ -17,6 +17,7 @@ installs them). Exit status 0 = pass.
 """
 
 import argparse
+import glob
 import os
 import shutil
 import subprocess
@@ -180,6 +181,38 @@ def check_pip(source, tmp, outside, fakebin, record):
                 fail(f"{line}: not from the venv {site}")
     if os.path.exists(record):
         fail("importing the installed bitroll ran flatc")
+    return install, venv
+
+
+TORCH_CHECK = """
+import bitroll.torch as bt, torch
+print("ext " + bt.ops.ext.__file__)
+x = torch.ones(2, 3)
+print("linear", bt.linear(x, torch.ones(4, 3)).tolist())
+"""
+
+
+def check_pip_torch(source, tmp, outside, build_python, install, venv):
+    """pip install with BITROLL_KERNELS_EXT: bitroll.torch works from the venv alone."""
+    built = sorted(glob.glob(os.path.join(build_python, "bitroll_kernels_ext*.so")))
+    if not built or run(["/usr/bin/python3", "-c", "import torch"]).returncode != 0:
+        print("skipped: needs the built bitroll_kernels_ext (pybind11-dev) and python3-torch")
+        return
+    src = copy_checkout(source, os.path.join(tmp, "checkout-torch"))
+    env = clean_env(os.environ.get("PATH", "/usr/bin:/bin"))
+    env["BITROLL_KERNELS_EXT"] = built[0]
+    r = run(install + ["--force-reinstall", "--no-deps", src], cwd=outside, env=env)
+    print(r.stdout[-2000:])
+    if r.returncode != 0:
+        fail("pip install with BITROLL_KERNELS_EXT failed")
+    r = run([os.path.join(venv, "bin", "python"), "-c", TORCH_CHECK], cwd=outside,
+            env=clean_env("/usr/bin:/bin"))
+    print(r.stdout)
+    if r.returncode != 0 or "linear [[3.0, 3.0, 3.0, 3.0], [3.0, 3.0, 3.0, 3.0]]" not in r.stdout:
+        fail("bitroll.torch from the venv does not work")
+    path = os.path.realpath(r.stdout.split("ext ", 1)[1].split()[0])
+    if not path.startswith(os.path.realpath(venv) + os.sep):
+        fail(f"bitroll_kernels_ext came from {path}, not the venv")
 
 
 def main():
@@ -198,7 +231,9 @@ def main():
         print("== 2. no bitroll/wire: an ImportError, no flatc", flush=True)
         check_import_guard(source, tmp, outside, fakebin, record)
         print("== 3. pip install of the checkout, offline, into a venv", flush=True)
-        check_pip(source, tmp, outside, fakebin, record)
+        install, venv = check_pip(source, tmp, outside, fakebin, record)
+        print("== 4. pip install with the compiled bitroll.torch module", flush=True)
+        check_pip_torch(source, tmp, outside, os.path.abspath(a.build_python), install, venv)
     print("PASS")
     return 0
 

@@ -245,7 +245,8 @@ def main():
         k = 5
         smooth = [float(np.mean(rew[max(0, i - k + 1):i + 1])) for i in range(len(rew))]
         fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-        ax.plot(steps, rew, ".", alpha=0.5, label=f"mean reward of the step's {len(PROMPTS) * args.n} stories")
+        ax.plot(steps, rew, ".", alpha=0.5,
+                label=f"mean reward of the step's {len(PROMPTS) * args.n} stories")
         ax.plot(steps, smooth, "-", label=f"moving mean ({k} steps)")
         ax.set_xlabel("GRPO step")
         ax.set_ylabel(f"reward (\"{WORD.strip()}\" count, capped)")

@@ -1,8 +1,9 @@
 """bitroll.torch.Policy's logprobs equal `bitroll generate --json`'s logprob bits.
 
 Trajectories of several lengths (prompts of 1..21 tokens, completions up to 120 tokens, some
-stopped early by EOS) from stories260K (a real trained model), a random make-model shape (GQA) and stories260K with an
-untied classifier (a llama2.c file with a negative vocab size and its own output.weight), at temperatures 1.0, 0.8 and 0 (greedy scores at T = 1). The policy scores
+stopped early by EOS) from stories260K (a real trained model), a random make-model shape (GQA)
+and stories260K with an untied classifier (a llama2.c file with a negative vocab size and its
+own output.weight), at temperatures 1.0, 0.8 and 0 (greedy scores at T = 1). The policy scores
 them at training batch sizes 1, 3, 8 and 32, shuffled, packed and padded (right and left), on 1
 and 2 threads; every completion token's logprob must equal the recorded bits (uint32 views).
 Negative control: one layer's wq computed with torch.nn.functional.linear must break parity.

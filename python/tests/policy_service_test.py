@@ -67,6 +67,13 @@ with tc.Service(a.bitroll, model) as svc, Client(svc.endpoint) as client:
     c.check(sampled_equal(trajs, got),
             f"multi-turn: the policy's logprobs equal the service's bits at all "
             f"{sum(int(t.mask.sum()) for t in trajs)} sampled tokens")
+    with torch.no_grad():
+        per = policy.completion_logprobs([PROMPTS[t.prompt_index] for t in trajs],
+                                         [t.ids for t in trajs], [t.mask for t in trajs], 0.9)
+    c.check(all(np.array_equal(tc.bits(p.numpy()), tc.bits(t.logprobs))
+                for p, t in zip(per, trajs)),
+            "completion_logprobs(prompts, ids, masks) == Trajectory.logprobs, whole arrays "
+            "(injected zeros included), bit for bit")
 
     # 2. one training step, streamed to the service
     old = copy.deepcopy(policy)

@@ -3,6 +3,8 @@
     policy = Policy.from_file("stories260K.bin")          # llama2.c checkpoint (or make-model's)
     batch = pack([prompt + completion, ...])              # or pad([...])
     lp = policy.logprobs(batch, temperature=1.0)          # the service's logprob bits
+    per_traj = policy.completion_logprobs(prompts, [t.ids for t in trajs],
+                                          [t.mask for t in trajs], temperature=1.0)
     client.update_weights_tensors(policy.weights(), version=2)
 
 Parameter names are the served model's tensor names (docs/weights.md, llama2.c family:
@@ -254,3 +256,31 @@ class Policy(nn.Module):
         full = torch.zeros(batch.padded_shape[0] * batch.padded_shape[1], dtype=out.dtype)
         full = full.index_put((batch.index,), out)
         return full.reshape(batch.padded_shape)
+
+    def completion_logprobs(self, prompts, completions, masks=None, temperature=1.0):
+        """Per trajectory, the logprobs of its completion tokens as the service reports them
+        (Trajectory.logprobs): float32 [len(completion)], 0 at injected tokens (mask 0), in one
+        packed batch. prompts and completions are token-id sequences (completion >= 1 token);
+        masks (optional) are 1 for sampled and 0 for injected tokens. Differentiable."""
+        if len(prompts) != len(completions) or (masks is not None and
+                                                len(masks) != len(completions)):
+            raise ValueError("completion_logprobs: prompts, completions and masks differ in "
+                             "length")
+        prompts = [[int(t) for t in p] for p in prompts]
+        completions = [[int(t) for t in c] for c in completions]
+        if any(len(p) == 0 or len(c) == 0 for p, c in zip(prompts, completions)):
+            raise ValueError("completion_logprobs: empty prompt or completion")
+        batch = pack([p + c for p, c in zip(prompts, completions)])
+        lp = self.logprobs(batch, temperature=temperature)
+        out = []
+        for i, (p, c, start) in enumerate(zip(prompts, completions,
+                                              batch.cu_seqlens[:-1].tolist())):
+            row = lp[start + len(p):start + len(p) + len(c)]
+            if masks is not None:
+                m = torch.as_tensor(np.asarray(masks[i]), dtype=torch.bool)
+                if m.shape != row.shape:
+                    raise ValueError(f"completion_logprobs: mask {i} has {m.numel()} entries, "
+                                     f"the completion {len(c)}")
+                row = torch.where(m, row, torch.zeros((), dtype=row.dtype))
+            out.append(row)
+        return out

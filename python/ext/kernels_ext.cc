@@ -222,6 +222,101 @@ F32 Attention(const F32& q, const F32& kx, const F32& vx, const I32& cu_seqlens,
   return out;
 }
 
+// The gradients of Attention (not bitwise anything: ordinary float math, std::exp), for the
+// training backward: per (sequence, kv head), for each query head of the group and query i,
+// p = softmax(scale * q_i . k_j, j <= i), D = dO_i . O_i, ds_j = p_j (dO_i . v_j - D), then
+// dq_i += scale ds_j k_j, dk_j += scale ds_j q_i, dv_j += p_j dO_i. Tasks own disjoint rows of
+// dk/dv (one kv head of one sequence), so threads never write the same float.
+py::tuple AttentionBackward(const F32& q, const F32& kx, const F32& vx, const F32& out,
+                            const F32& grad, const I32& cu_seqlens, float scale) {
+  RequireDims(q, 3, "q");
+  RequireDims(kx, 3, "k");
+  RequireDims(vx, 3, "v");
+  RequireDims(out, 3, "out");
+  RequireDims(grad, 3, "grad");
+  RequireDims(cu_seqlens, 1, "cu_seqlens");
+  const int64_t t = q.shape(0), h = q.shape(1), hd = q.shape(2), kvh = kx.shape(1);
+  Require(kx.shape(0) == t && vx.shape(0) == t && vx.shape(1) == kvh && kx.shape(2) == hd &&
+              vx.shape(2) == hd && kvh >= 1 && h % kvh == 0,
+          "attention_backward: q [rows][H][hd], k and v [rows][KVH][hd], H % KVH == 0");
+  for (const F32* a : {&out, &grad}) {
+    Require(a->shape(0) == t && a->shape(1) == h && a->shape(2) == hd,
+            "attention_backward: out and grad must have q's shape");
+  }
+  const int64_t nb = cu_seqlens.shape(0) - 1;
+  const int32_t* cu = cu_seqlens.data();
+  Require(nb >= 1 && cu[0] == 0 && cu[nb] == t, "attention: cu_seqlens must run from 0 to rows");
+  for (int64_t b = 0; b < nb; ++b)
+    Require(cu[b + 1] > cu[b], "attention: cu_seqlens must increase");
+  F32 gq({t, h, hd}), gk({t, kvh, hd}), gv({t, kvh, hd});
+  float* gqp = gq.mutable_data();
+  float* gkp = gk.mutable_data();
+  float* gvp = gv.mutable_data();
+  std::fill(gqp, gqp + t * h * hd, 0.0f);
+  std::fill(gkp, gkp + t * kvh * hd, 0.0f);
+  std::fill(gvp, gvp + t * kvh * hd, 0.0f);
+  const float *qp = q.data(), *kp = kx.data(), *vp = vx.data(), *op = out.data(), *dp = grad.data();
+  const int64_t rep = h / kvh;
+  auto task = [&](int64_t item) {
+    const int64_t b = item / kvh, g = item % kvh;
+    const int64_t a = cu[b], n = cu[b + 1] - cu[b];
+    const int64_t kstride = kvh * hd;  // floats between rows j and j + 1 of one kv head
+    const float* __restrict kg = kp + (a * kvh + g) * hd;
+    const float* __restrict vg = vp + (a * kvh + g) * hd;
+    float* __restrict gkg = gkp + (a * kvh + g) * hd;
+    float* __restrict gvg = gvp + (a * kvh + g) * hd;
+    std::vector<float> p(static_cast<size_t>(n));
+    float qi[256], di[256], gqi[256];
+    for (int64_t hh = g * rep; hh < (g + 1) * rep; ++hh) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t row = ((a + i) * h + hh) * hd;
+        std::memcpy(qi, qp + row, hd * sizeof(float));
+        std::memcpy(di, dp + row, hd * sizeof(float));
+        float dsum = 0.0f;
+        for (int64_t d = 0; d < hd; ++d) dsum += di[d] * op[row + d];
+        float m = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          const float* kj = kg + j * kstride;
+          float s = 0.0f;
+          for (int64_t d = 0; d < hd; ++d) s += qi[d] * kj[d];
+          p[j] = s * scale;
+          m = std::max(m, p[j]);
+        }
+        float z = 0.0f;
+        for (int64_t j = 0; j <= i; ++j) z += (p[j] = std::exp(p[j] - m));
+        const float inv_z = 1.0f / z;
+        std::fill(gqi, gqi + hd, 0.0f);
+        for (int64_t j = 0; j <= i; ++j) {
+          const float* kj = kg + j * kstride;
+          const float* vj = vg + j * kstride;
+          float* gkj = gkg + j * kstride;
+          float* gvj = gvg + j * kstride;
+          const float pj = p[j] * inv_z;
+          float dpj = 0.0f;
+          for (int64_t d = 0; d < hd; ++d) dpj += di[d] * vj[d];
+          const float ds = pj * (dpj - dsum) * scale;
+          for (int64_t d = 0; d < hd; ++d) {
+            gqi[d] += ds * kj[d];
+            gkj[d] += ds * qi[d];
+            gvj[d] += pj * di[d];
+          }
+        }
+        std::memcpy(gqp + row, gqi, hd * sizeof(float));
+      }
+    }
+  };
+  {
+    py::gil_scoped_release release;
+    const int64_t items = nb * kvh;
+    if (Pool() == nullptr) {
+      for (int64_t i = 0; i < items; ++i) task(i);
+    } else {
+      Pool()->Run(items, [&](int, int64_t i) { task(i); });
+    }
+  }
+  return py::make_tuple(gq, gk, gv);
+}
+
 // The sampler's scoring distribution (engine/sampler.h): log-softmax of logits / T over the full
 // vocabulary; T == 0 (greedy) scores at T == 1, and so does a scale that overflows.
 F32 LogSoftmax(const F32& x, float temperature) {
@@ -274,6 +369,8 @@ PYBIND11_MODULE(bitroll_kernels_ext, m) {
   m.def("swiglu", &SwiGlu, py::arg("gate"), py::arg("up"));
   m.def("attention", &Attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"),
         py::arg("scale"));
+  m.def("attention_backward", &AttentionBackward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("out"), py::arg("grad"), py::arg("cu_seqlens"), py::arg("scale"));
   m.def("log_softmax", &LogSoftmax, py::arg("logits"), py::arg("temperature"));
   m.def("set_num_threads", &SetNumThreads, py::arg("n"));
   m.def("num_threads", &NumThreads);

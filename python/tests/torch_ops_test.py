@@ -85,6 +85,28 @@ l64 = rnd(9, 512, scale=4)
 for t in (1.0, 0.8, 0.0):
     close(f"log_softmax T={t}", ops.log_softmax(l64.float(), t), ops.log_softmax(l64, t), 1e-5)
 
+# ---- the float32 backwards (bitroll's matmul, C++ attention) against the float64 ones -----
+def grads(fn, inputs):
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)
+    out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape))
+    return [x.grad for x in leaves]
+
+
+for name, fn, inputs in [
+        ("linear", lambda x, w: ops.linear(x, w), (rnd(33, 64), rnd(40, 64))),
+        ("attention", lambda q, k, v: ops.attention(q, k, v, cu), (q64, k64, v64))]:
+    g32 = grads(fn, [x.float() for x in inputs])
+    g64 = grads(fn, inputs)
+    err = max(((a.double() - b).abs().max() / b.abs().max()).item() for a, b in zip(g32, g64))
+    c.check(err <= 1e-5, f"{name}: float32 backward vs float64 backward, max relative "
+            f"difference {err:.2e} <= 1e-5")
+    ops.set_num_threads(2)
+    g32b = grads(fn, [x.float() for x in inputs])
+    ops.set_num_threads(1)
+    same = all(torch.allclose(a, b, rtol=1e-6, atol=0) for a, b in zip(g32, g32b))
+    c.check(same, f"{name}: float32 backward on 2 threads agrees with 1 thread")
+
 # ---- bitwise: packing and threads never change a bit --------------------------------------
 q32, k32, v32 = q64.float(), k64.float(), v64.float()
 alone = torch.cat([ops.attention(q32[a:b], k32[a:b], v32[a:b],

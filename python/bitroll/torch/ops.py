@@ -239,11 +239,13 @@ class _Attention(torch.autograd.Function):
         if cu.dim() != 1 or cu.numel() < 2 or cu[0] != 0 or cu[-1] != q.shape[0] \
                 or (cu[1:] <= cu[:-1]).any():
             raise ValueError("attention: cu_seqlens must increase strictly from 0 to rows")
-        ctx.save_for_backward(q, k, v, cu)
         ctx.scale = scale
         if dtype == torch.float32:
-            return _run(ext.attention, _np(q), _np(k), _np(v), cu.contiguous().numpy(),
-                        float(scale))
+            out = _run(ext.attention, _np(q), _np(k), _np(v), cu.contiguous().numpy(),
+                       float(scale))
+            ctx.save_for_backward(q, k, v, cu, out)
+            return out
+        ctx.save_for_backward(q, k, v, cu)
         rep = q.shape[1] // k.shape[1]
         out = torch.empty_like(q)
         for a, b in _segments(cu):
@@ -253,6 +255,13 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        if g.dtype == torch.float32:
+            # The same formulas in plain C++ loops (python/ext): PyTorch's per-sequence einsums
+            # on Debian's reference BLAS were most of a training step. Not bitwise anything.
+            q, k, v, cu, out = ctx.saved_tensors
+            gq, gk, gv = ext.attention_backward(_np(q), _np(k), _np(v), _np(out), _np(g),
+                                                cu.contiguous().numpy(), float(ctx.scale))
+            return torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv), None, None
         q, k, v, cu = ctx.saved_tensors
         scale, kvh = ctx.scale, k.shape[1]
         rep = q.shape[1] // kvh

@@ -12,6 +12,8 @@
 //                sequence: the engine's prefill order (chunks anchored at position 0, same merge)
 //   log_softmax  the sampler's scoring: logits / T (fp32 divide), kernels::LogSoftmax
 // Thread count never changes a bit (the kernels are invariant); set_num_threads picks it.
+// Thread-safety: any Python thread may call any function; one mutex serialises the computations
+// (the shared ThreadPool serves one Run at a time) and set_num_threads.
 // Bad shapes raise ValueError (pybind11 maps std::invalid_argument); nothing here aborts.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -21,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -42,6 +45,8 @@ using I32 = py::array_t<int32_t, py::array::c_style>;
 
 k::Isa g_isa = k::BestIsa();
 std::unique_ptr<k::ThreadPool> g_pool;  // nullptr: one thread
+
+std::mutex g_mu;  // guards g_isa, g_pool and every use of the pool
 
 k::ThreadPool* Pool() {
   return g_pool.get();
@@ -94,6 +99,7 @@ F32 Linear(const F32& x, const F32& w, const std::optional<F32>& bias) {
   p.y = y.mutable_data();
   p.ldy = n;
   py::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(g_mu);
   k::Matmul(g_isa, p, Pool());
   return y;
 }
@@ -108,6 +114,7 @@ F32 RmsNorm(const F32& x, const F32& w, float eps) {
   const float* wp = w.data();
   float* yp = y.mutable_data();
   py::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(g_mu);
   ForRows(m, [&](int64_t r) { k::RmsNorm(g_isa, xp + r * d, wp, d, eps, yp + r * d); });
   return y;
 }
@@ -133,6 +140,7 @@ F32 Rope(const F32& x, const I32& positions, float theta, bool interleaved) {
   float* yp = y.mutable_data();
   const auto layout = interleaved ? k::RopeLayout::kInterleaved : k::RopeLayout::kHalfSplit;
   py::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(g_mu);
   ForRows(m, [&](int64_t r) {
     k::Rope(g_isa, yp + r * h * hd, h, hd, cs.data() + pos[r] * half, sn.data() + pos[r] * half,
             layout);
@@ -151,6 +159,7 @@ F32 SwiGlu(const F32& gate, const F32& up) {
   const float* u = up.data();
   float* yp = y.mutable_data();
   py::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(g_mu);
   ForRows(m, [&](int64_t r) { k::SwiGlu(g_isa, g + r * n, u + r * n, n, yp + r * n); });
   return y;
 }
@@ -217,6 +226,7 @@ F32 Attention(const F32& q, const F32& kx, const F32& vx, const I32& cu_seqlens,
   p.block_tables = tables.data();
   p.scale = scale;
   py::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(g_mu);
   k::AttentionScratch scratch;
   k::Attention(g_isa, p, k::AttentionKernel::kAuto, Pool(), &scratch);
   return out;
@@ -307,6 +317,7 @@ py::tuple AttentionBackward(const F32& q, const F32& kx, const F32& vx, const F3
   };
   {
     py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(g_mu);
     const int64_t items = nb * kvh;
     if (Pool() == nullptr) {
       for (int64_t i = 0; i < items; ++i) task(i);
@@ -328,6 +339,7 @@ F32 LogSoftmax(const F32& x, float temperature) {
   const float* xp = x.data();
   float* yp = y.mutable_data();
   py::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(g_mu);
   ForRows(m, [&](int64_t r) {
     const float* row = xp + r * v;
     float* out = yp + r * v;

@@ -134,6 +134,31 @@ c.check(torch.equal(att2.view(torch.int32), att32.view(torch.int32)) and
         torch.equal(y2.view(torch.int32), y1.view(torch.int32)),
         "attention and linear: 2 threads == 1 thread, bit for bit")
 
+# ---- Python threads may share the kernels (one pool, one mutex) -------------------------
+import threading  # noqa: E402
+
+ops.set_num_threads(2)
+results = []
+
+
+def worker():
+    for _ in range(10):
+        results.append(torch.equal(ops.attention(q32, k32, v32, cu).view(torch.int32),
+                                   att32.view(torch.int32)) and
+                       torch.equal(ops.linear(x32, w32).view(torch.int32), y1.view(torch.int32)))
+
+
+threads = [threading.Thread(target=worker) for _ in range(3)]
+for t in threads:
+    t.start()
+for n in (1, 2, 1, 2):
+    ops.set_num_threads(n)
+for t in threads:
+    t.join()
+ops.set_num_threads(1)
+c.check(len(results) == 30 and all(results),
+        "3 Python threads calling ops while the thread count changes: same bits every time")
+
 # ---- typed errors --------------------------------------------------------------------------
 for name, fn, exc in [
         ("mixed dtypes", lambda: ops.linear(x32, w64), TypeError),

@@ -33,8 +33,15 @@ Result<MatmulFn> TestBreakMatmulFromEnv() {
   const char* v = std::getenv(kTestBreakInvarianceEnv);
   if (v == nullptr || *v == '\0') return MatmulFn{nullptr};
   if (std::string(v) == "matmul") return &BatchVariantMatmul;
+  if (std::string(v) == "expert_matmul") return MatmulFn{nullptr};
   return Status::InvalidArgument(std::string(kTestBreakInvarianceEnv) + "='" + v +
-                                 "': the only test switch is 'matmul' (unset it to serve)");
+                                 "': the test switches are 'matmul' and 'expert_matmul' (unset it "
+                                 "to serve)");
+}
+
+MatmulFn TestBreakExpertMatmulFromEnv() {
+  const char* v = std::getenv(kTestBreakInvarianceEnv);
+  return v != nullptr && std::string(v) == "expert_matmul" ? &BatchVariantMatmul : nullptr;
 }
 
 }  // namespace bitroll::engine

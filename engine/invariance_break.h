@@ -10,7 +10,10 @@
 // engine created afterwards in the process use BatchVariantMatmul (CpuEngine::Create reads it once;
 // unset or empty, nothing changes and the hot path pays nothing). It exists so that the tests can
 // show, through the real `bitroll` command line, that a broken kernel is caught at start-up.
-// Never set it in production. Engines on another device backend ignore it.
+// BITROLL_TEST_BREAK_INVARIANCE=expert_matmul plugs it into the routed experts of
+// mixture-of-experts models only (engine/moe.h), where `m` is the number of tokens routed to the
+// expert: the expert matmul's reduction then depends on its token count. Never set it in
+// production. Engines on another device backend ignore it.
 //
 // Thread-safety: BatchVariantMatmul is as thread-safe as kernels::Matmul; TestBreakMatmulFromEnv
 // reads the environment (call it while no thread changes the environment).
@@ -35,6 +38,10 @@ void BatchVariantMatmul(kernels::Isa isa, const kernels::MatmulParams& p,
 // The matmul BITROLL_TEST_BREAK_INVARIANCE asks for: nullptr when unset or empty,
 // &BatchVariantMatmul for "matmul". Errors: kInvalidArgument for any other value (a typo must not
 // pass for a healthy engine, nor a healthy one for a broken one).
+// "expert_matmul" is accepted here (and gives nullptr): see TestBreakExpertMatmulFromEnv.
 Result<MatmulFn> TestBreakMatmulFromEnv();
+
+// &BatchVariantMatmul when BITROLL_TEST_BREAK_INVARIANCE is "expert_matmul", else nullptr.
+MatmulFn TestBreakExpertMatmulFromEnv();
 
 }  // namespace bitroll::engine

@@ -3,6 +3,7 @@
 
 #include <xxhash.h>
 
+#include <bit>
 #include <cmath>
 #include <string>
 
@@ -26,7 +27,8 @@ Status ModelConfig::Validate() const {
     if (s.value <= 0)
       return bad(std::string(s.name) + " must be > 0, got " + std::to_string(s.value));
   }
-  if (dim % n_heads != 0) {
+  if (head_size < 0) return bad("head_size must be >= 0, got " + std::to_string(head_size));
+  if (head_size == 0 && dim % n_heads != 0) {
     return bad("dim " + std::to_string(dim) + " is not a multiple of n_heads " +
                std::to_string(n_heads));
   }
@@ -40,6 +42,28 @@ Status ModelConfig::Validate() const {
   }
   if (!(rope_theta > 0.0f) || !std::isfinite(rope_theta)) {
     return bad("rope_theta must be positive and finite, got " + std::to_string(rope_theta));
+  }
+  if (rope_factor != 0.0f) {
+    if (!(rope_factor >= 1.0f) || !std::isfinite(rope_factor) || !(rope_low_freq_factor > 0.0f) ||
+        !(rope_high_freq_factor > rope_low_freq_factor) || rope_original_max_pos <= 0) {
+      return bad(
+          "llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor "
+          "and original_max_position_embeddings > 0");
+    }
+  }
+  if (n_experts < 0) return bad("n_experts must be >= 0, got " + std::to_string(n_experts));
+  if (n_experts > 0) {
+    if (n_experts > 65535) return bad("n_experts over 65535");
+    if (n_experts_per_tok <= 0 || n_experts_per_tok > n_experts) {
+      return bad("n_experts_per_tok " + std::to_string(n_experts_per_tok) + " outside [1, " +
+                 std::to_string(n_experts) + "]");
+    }
+    if (moe_hidden_dim <= 0) {
+      return bad("moe_hidden_dim must be > 0, got " + std::to_string(moe_hidden_dim));
+    }
+  }
+  if (shared_expert_hidden < 0 || (shared_expert_hidden > 0 && n_experts == 0)) {
+    return bad("shared_expert_hidden needs experts and must be >= 0");
   }
   if (bos_id < 0 || bos_id >= vocab_size) {
     return bad("bos_id " + std::to_string(bos_id) + " outside the vocabulary of " +
@@ -77,13 +101,35 @@ uint64_t HashWeights(const ModelWeights& w) {
                               int32_t(c.shared_classifier),
                               int32_t(c.qkv_bias)};
   XXH64_update(state, header, sizeof(header));
+  const bool extended = c.head_size != 0 || c.qk_norm || c.rope_factor != 0.0f || c.n_experts != 0;
+  if (extended) {
+    const int32_t ext[11] = {c.head_size,
+                             int32_t(c.qk_norm),
+                             c.n_experts,
+                             c.n_experts_per_tok,
+                             c.moe_hidden_dim,
+                             int32_t(c.norm_topk_prob),
+                             c.shared_expert_hidden,
+                             std::bit_cast<int32_t>(c.rope_factor),
+                             std::bit_cast<int32_t>(c.rope_low_freq_factor),
+                             std::bit_cast<int32_t>(c.rope_high_freq_factor),
+                             c.rope_original_max_pos};
+    XXH64_update(state, ext, sizeof(ext));
+  }
   auto add = [&](const Tensor& t) {
     if (t.data != nullptr) XXH64_update(state, t.data, size_t(t.size_bytes()));
   };
   add(w.token_embedding);
   for (const LayerWeights& l : w.layers) {
     for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.bq, &l.bk, &l.bv, &l.wo,
-                            &l.ffn_norm, &l.w1, &l.w2, &l.w3}) {
+                            &l.ffn_norm, &l.w1, &l.w2, &l.w3, &l.q_norm, &l.k_norm, &l.router}) {
+      add(*t);
+    }
+    for (const FfnWeights& e : l.experts) {
+      for (const Tensor* t : {&e.w1, &e.w2, &e.w3}) add(*t);
+    }
+    for (const Tensor* t :
+         {&l.shared_expert.w1, &l.shared_expert.w2, &l.shared_expert.w3, &l.shared_expert_gate}) {
       add(*t);
     }
   }

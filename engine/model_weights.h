@@ -20,7 +20,7 @@
 namespace bitroll::engine {
 
 struct ModelConfig {
-  std::string arch = "llama";  // "llama" | "qwen2" (later)
+  std::string arch = "llama";  // "llama" | "qwen2" | "qwen3" | "qwen3_moe" | "qwen2_moe"
   int32_t dim = 0;             // residual width
   int32_t hidden_dim = 0;      // FFN width
   int32_t n_layers = 0;
@@ -35,9 +35,28 @@ struct ModelConfig {
   bool qkv_bias = false;          // q/k/v projections have biases (qwen2)
   int32_t bos_id = 1;
   int32_t eos_id = 2;
+  // Qwen3: explicit head size (0 = dim / n_heads), and RMSNorm over each head's q and k (weights
+  // LayerWeights::q_norm / k_norm, eps norm_eps) after the projection, before RoPE.
+  int32_t head_size = 0;
+  bool qk_norm = false;
+  // Llama 3 RoPE scaling (rope_scaling.rope_type "llama3"); rope_factor 0 = none. See
+  // engine/rope_scaling.h.
+  float rope_factor = 0.0f;
+  float rope_low_freq_factor = 1.0f;
+  float rope_high_freq_factor = 4.0f;
+  int32_t rope_original_max_pos = 8192;
+  // Mixture of experts (engine/moe.h); n_experts 0 = a dense SwiGLU FFN of hidden_dim. Every layer
+  // is sparse when n_experts > 0. shared_expert_hidden > 0 adds Qwen2-MoE's gated shared expert.
+  int32_t n_experts = 0;
+  int32_t n_experts_per_tok = 0;
+  int32_t moe_hidden_dim = 0;
+  bool norm_topk_prob = false;
+  int32_t shared_expert_hidden = 0;
 
-  int32_t head_dim() const { return dim / n_heads; }
+  int32_t head_dim() const { return head_size > 0 ? head_size : dim / n_heads; }
+  int32_t q_dim() const { return head_dim() * n_heads; }
   int32_t kv_dim() const { return head_dim() * n_kv_heads; }
+  bool is_moe() const { return n_experts > 0; }
 
   // OK when every size is positive, dim % n_heads == 0, n_heads % n_kv_heads == 0, head_dim is
   // even, norm_eps > 0 and finite, rope_theta > 0 and finite, and bos/eos lie in the vocabulary.
@@ -55,19 +74,33 @@ struct Tensor {
   int64_t size_bytes() const;  // numel() * element size
 };
 
+// One SwiGLU FFN: w1 gate [hidden][dim], w2 down [dim][hidden], w3 up [hidden][dim].
+struct FfnWeights {
+  Tensor w1;
+  Tensor w2;
+  Tensor w3;
+};
+
 struct LayerWeights {
   Tensor attn_norm;  // [dim]
-  Tensor wq;         // [dim][dim]
+  Tensor wq;         // [q_dim][dim]
   Tensor wk;         // [kv_dim][dim]
   Tensor wv;         // [kv_dim][dim]
   Tensor bq;         // [dim]     optional (qwen2); data == nullptr when absent
   Tensor bk;         // [kv_dim]  optional
   Tensor bv;         // [kv_dim]  optional
-  Tensor wo;         // [dim][dim]
+  Tensor wo;         // [dim][q_dim]
+  Tensor q_norm;     // [head_dim]  optional (qk_norm)
+  Tensor k_norm;     // [head_dim]  optional (qk_norm)
   Tensor ffn_norm;   // [dim]
-  Tensor w1;         // [hidden][dim] gate
+  Tensor w1;         // [hidden][dim] gate   (dense layers)
   Tensor w2;         // [dim][hidden] down
   Tensor w3;         // [hidden][dim] up
+  // Mixture-of-experts layers (config.n_experts > 0) instead of w1/w2/w3:
+  Tensor router;                    // [n_experts][dim]
+  std::vector<FfnWeights> experts;  // n_experts, each of moe_hidden_dim
+  FfnWeights shared_expert;         // of shared_expert_hidden; absent unless configured
+  Tensor shared_expert_gate;        // [1][dim]; with shared_expert
 };
 
 struct ModelWeights {
@@ -80,7 +113,12 @@ struct ModelWeights {
   // n_kv_heads, vocab_size, max_seq_len, rope layout, shared_classifier, qkv_bias), then the
   // bytes of every present tensor in this order: token_embedding; per layer attn_norm, wq, wk,
   // wv, bq, bk, bv, wo, ffn_norm, w1, w2, w3; final_norm; classifier unless shared. Part of the
-  // numerics fingerprint: equal hashes mean equal weights.
+  // numerics fingerprint: equal hashes mean equal weights. Models that use head_size, qk_norm,
+  // rope scaling or experts add, after the ten fields, the int32s head_size, qk_norm, n_experts,
+  // n_experts_per_tok, moe_hidden_dim, norm_topk_prob, shared_expert_hidden and the float bits of
+  // rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos (as int32),
+  // and per layer after w3: q_norm, k_norm, router, each expert's w1, w2, w3, the shared expert's
+  // w1, w2, w3 and its gate. Dense Llama/Qwen2 hashes are unchanged.
   uint64_t weights_hash = 0;
   std::shared_ptr<const void> storage;  // keeps the mapping alive; Tensors point into it
   std::string source;                   // e.g. "llama2c:stories260K.bin"

@@ -4,6 +4,8 @@ add_library(bitroll_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/kv_disk_tier.cc
   ${CMAKE_CURRENT_LIST_DIR}/prefix_cache.cc
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cc
+  ${CMAKE_CURRENT_LIST_DIR}/moe.cc
+  ${CMAKE_CURRENT_LIST_DIR}/rope_scaling.cc
   ${CMAKE_CURRENT_LIST_DIR}/scheduler.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/forward_backend.cc
@@ -19,6 +21,7 @@ target_link_libraries(bitroll_engine PUBLIC bitroll_model bitroll_kernels bitrol
 
 # Unit tests of the KV cache, prefix cache and disk tier (scheduler and engine-level suites: tests/).
 set(_r ${CMAKE_CURRENT_LIST_DIR})
+bitroll_add_test(NAME engine_moe_test SOURCES ${_r}/moe_test.cc LIBS bitroll_engine TIMEOUT 60)
 bitroll_add_test(NAME engine_kv_cache_test SOURCES ${_r}/kv_cache_test.cc LIBS bitroll_engine TIMEOUT 60)
 bitroll_add_test(NAME engine_prefix_cache_test SOURCES ${_r}/prefix_cache_test.cc
   LIBS bitroll_engine TIMEOUT 60)

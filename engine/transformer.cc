@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "engine/rope_scaling.h"
 #include "kernels/cpu/math.h"
 #include "kernels/cpu/ops.h"
 
@@ -66,28 +67,40 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(
   t->w_ = std::move(weights);
   t->opt_ = options;
   const ModelWeights& w = *t->w_;
-  const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim;
+  const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim, qd = c.q_dim();
+  if (c.is_moe()) {
+    BR_ASSIGN_OR_RETURN(t->moe_, MoeFfn::Create(w, options.weight_storage));
+  }
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& lw = w.layers[l];
     Layer layer;
-    BR_ASSIGN_OR_RETURN(MatrixPart q, PartOf(lw.wq, dim, dim, "wq"));
+    BR_ASSIGN_OR_RETURN(MatrixPart q, PartOf(lw.wq, qd, dim, "wq"));
     BR_ASSIGN_OR_RETURN(MatrixPart k, PartOf(lw.wk, kv, dim, "wk"));
     BR_ASSIGN_OR_RETURN(MatrixPart v, PartOf(lw.wv, kv, dim, "wv"));
     const MatrixPart qkv[] = {q, k, v};
     BR_ASSIGN_OR_RETURN(layer.wqkv, PackedMatrix::Pack(qkv, dim, options.weight_storage));
-    BR_ASSIGN_OR_RETURN(MatrixPart o, PartOf(lw.wo, dim, dim, "wo"));
-    BR_ASSIGN_OR_RETURN(layer.wo, PackedMatrix::Pack({&o, 1}, dim, options.weight_storage));
-    BR_ASSIGN_OR_RETURN(MatrixPart w1, PartOf(lw.w1, hidden, dim, "w1"));
-    BR_ASSIGN_OR_RETURN(MatrixPart w3, PartOf(lw.w3, hidden, dim, "w3"));
-    const MatrixPart w13[] = {w1, w3};
-    BR_ASSIGN_OR_RETURN(layer.w13, PackedMatrix::Pack(w13, dim, options.weight_storage));
-    BR_ASSIGN_OR_RETURN(MatrixPart w2, PartOf(lw.w2, dim, hidden, "w2"));
-    BR_ASSIGN_OR_RETURN(layer.w2, PackedMatrix::Pack({&w2, 1}, hidden, options.weight_storage));
+    BR_ASSIGN_OR_RETURN(MatrixPart o, PartOf(lw.wo, dim, qd, "wo"));
+    BR_ASSIGN_OR_RETURN(layer.wo, PackedMatrix::Pack({&o, 1}, qd, options.weight_storage));
+    if (!c.is_moe()) {
+      BR_ASSIGN_OR_RETURN(MatrixPart w1, PartOf(lw.w1, hidden, dim, "w1"));
+      BR_ASSIGN_OR_RETURN(MatrixPart w3, PartOf(lw.w3, hidden, dim, "w3"));
+      const MatrixPart w13[] = {w1, w3};
+      BR_ASSIGN_OR_RETURN(layer.w13, PackedMatrix::Pack(w13, dim, options.weight_storage));
+      BR_ASSIGN_OR_RETURN(MatrixPart w2, PartOf(lw.w2, dim, hidden, "w2"));
+      BR_ASSIGN_OR_RETURN(layer.w2, PackedMatrix::Pack({&w2, 1}, hidden, options.weight_storage));
+    }
     if (lw.bq.data != nullptr) {
-      layer.bqkv.resize(static_cast<size_t>(dim + 2 * kv));
-      TensorRowToF32(lw.bq, 0, dim, layer.bqkv.data());
-      TensorRowToF32(lw.bk, 0, kv, layer.bqkv.data() + dim);
-      TensorRowToF32(lw.bv, 0, kv, layer.bqkv.data() + dim + kv);
+      layer.bqkv.resize(static_cast<size_t>(qd + 2 * kv));
+      TensorRowToF32(lw.bq, 0, qd, layer.bqkv.data());
+      TensorRowToF32(lw.bk, 0, kv, layer.bqkv.data() + qd);
+      TensorRowToF32(lw.bv, 0, kv, layer.bqkv.data() + qd + kv);
+    }
+    if (c.qk_norm) {
+      if (lw.q_norm.data == nullptr || lw.k_norm.data == nullptr) {
+        return Status::InvalidArgument("missing weight q_norm / k_norm");
+      }
+      layer.q_norm = VectorOf(lw.q_norm, c.head_dim());
+      layer.k_norm = VectorOf(lw.k_norm, c.head_dim());
     }
     layer.attn_norm = VectorOf(lw.attn_norm, dim);
     layer.ffn_norm = VectorOf(lw.ffn_norm, dim);
@@ -99,8 +112,7 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(
   const int64_t half = c.head_dim() / 2;
   t->rope_cos_.resize(static_cast<size_t>(c.max_seq_len * half));
   t->rope_sin_.resize(static_cast<size_t>(c.max_seq_len * half));
-  kernels::RopeTable(c.rope_theta, c.head_dim(), c.max_seq_len, t->rope_cos_.data(),
-                     t->rope_sin_.data());
+  ModelRopeTables(c, t->rope_cos_.data(), t->rope_sin_.data());
   return t;
 }
 
@@ -113,13 +125,13 @@ Result<std::unique_ptr<ForwardBackend>> Transformer::WithWeights(
 void Transformer::EnsureScratch(int64_t rows) {
   if (rows <= capacity_) return;
   const ModelConfig& c = w_->config;
-  const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim;
+  const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim, qd = c.q_dim();
   capacity_ = rows;
   x_.resize(rows * dim);
   xb_.resize(rows * dim);
-  qkv_.resize(rows * (dim + 2 * kv));
-  q_.resize(rows * dim);
-  att_.resize(rows * dim);
+  qkv_.resize(rows * (qd + 2 * kv));
+  q_.resize(rows * qd);
+  att_.resize(rows * qd);
   tmp_.resize(rows * dim);
   h13_.resize(rows * 2 * hidden);
   hb_.resize(rows * hidden);
@@ -158,7 +170,7 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
   EnsureScratch(n);
   const kernels::Isa isa = opt_.isa;
   const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim, hd = c.head_dim();
-  const int64_t qkv_dim = dim + 2 * kv, half = hd / 2;
+  const int64_t qd = c.q_dim(), qkv_dim = qd + 2 * kv, half = hd / 2;
   const int32_t bs = cache->block_size();
   for (int64_t r = 0; r < n; ++r) {
     TensorRowToF32(w_->token_embedding, rows[r].token, dim, x_.data() + r * dim);
@@ -201,11 +213,20 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
       const int64_t pos = rows[r].position;
       const float* cs = rope_cos_.data() + pos * half;
       const float* sn = rope_sin_.data() + pos * half;
-      kernels::Rope(isa, row, c.n_heads, hd, cs, sn, c.rope_layout);           // q
-      kernels::Rope(isa, row + dim, c.n_kv_heads, hd, cs, sn, c.rope_layout);  // k
-      std::memcpy(q_.data() + r * dim, row, dim * sizeof(float));
+      if (!L.q_norm.empty()) {  // Qwen3 QK-norm: per head, before RoPE
+        for (int64_t h = 0; h < c.n_heads; ++h) {
+          kernels::RmsNorm(isa, row + h * hd, L.q_norm.data(), hd, c.norm_eps, row + h * hd);
+        }
+        for (int64_t h = 0; h < c.n_kv_heads; ++h) {
+          float* k = row + qd + h * hd;
+          kernels::RmsNorm(isa, k, L.k_norm.data(), hd, c.norm_eps, k);
+        }
+      }
+      kernels::Rope(isa, row, c.n_heads, hd, cs, sn, c.rope_layout);          // q
+      kernels::Rope(isa, row + qd, c.n_kv_heads, hd, cs, sn, c.rope_layout);  // k
+      std::memcpy(q_.data() + r * qd, row, qd * sizeof(float));
       const int32_t block = rows[r].block_table[pos / bs];
-      cache->Write(l, block, static_cast<int32_t>(pos % bs), row + dim, row + dim + kv);
+      cache->Write(l, block, static_cast<int32_t>(pos % bs), row + qd, row + qd + kv);
     });
     kernels::AttentionParams ap;
     ap.n_tokens = static_cast<int32_t>(n);
@@ -222,8 +243,8 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     trace(l, "qkv", qkv_.data(), qkv_dim, qkv_dim);
     kernels::Attention(isa, ap, opt_.attention, opt_.pool, &attn_scratch_);
-    trace(l, "attn", att_.data(), dim, dim);
-    matmul(att_.data(), dim, *L.wo, nullptr, tmp_.data(), dim);
+    trace(l, "attn", att_.data(), qd, qd);
+    matmul(att_.data(), qd, *L.wo, nullptr, tmp_.data(), dim);
     trace(l, "attn_out", tmp_.data(), dim, dim);
     RowOp(n,
           [&](int64_t r) { kernels::Add(isa, x_.data() + r * dim, tmp_.data() + r * dim, dim); });
@@ -234,13 +255,19 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
                        xb_.data() + r * dim);
     });
     trace(l, "ffn_norm", xb_.data(), dim, dim);
-    matmul(xb_.data(), dim, *L.w13, nullptr, h13_.data(), 2 * hidden);
-    RowOp(n, [&](int64_t r) {
-      const float* g = h13_.data() + r * 2 * hidden;
-      kernels::SwiGlu(isa, g, g + hidden, hidden, hb_.data() + r * hidden);
-    });
-    trace(l, "mlp_act", hb_.data(), hidden, hidden);
-    matmul(hb_.data(), hidden, *L.w2, nullptr, tmp_.data(), dim);
+    if (moe_ != nullptr) {
+      MoeRunOptions mo{isa, opt_.pool, opt_.matmul_override, opt_.expert_matmul_override};
+      if (mo.expert_matmul == nullptr) mo.expert_matmul = opt_.matmul_override;
+      moe_->Forward(mo, l, xb_.data(), n, tmp_.data(), nullptr, nullptr);
+    } else {
+      matmul(xb_.data(), dim, *L.w13, nullptr, h13_.data(), 2 * hidden);
+      RowOp(n, [&](int64_t r) {
+        const float* g = h13_.data() + r * 2 * hidden;
+        kernels::SwiGlu(isa, g, g + hidden, hidden, hb_.data() + r * hidden);
+      });
+      trace(l, "mlp_act", hb_.data(), hidden, hidden);
+      matmul(hb_.data(), hidden, *L.w2, nullptr, tmp_.data(), dim);
+    }
     trace(l, "mlp_out", tmp_.data(), dim, dim);
     RowOp(n,
           [&](int64_t r) { kernels::Add(isa, x_.data() + r * dim, tmp_.data() + r * dim, dim); });

@@ -12,11 +12,14 @@
 //
 // Shapes (llama2.c / HF conventions, per row):
 //   x    [dim]                      residual stream
-//   qkv  [dim + 2 * kv_dim]         q | k | v from one fused matmul
-//   att  [n_heads * head_dim]
+//   qkv  [q_dim + 2 * kv_dim]       q | k | v from one fused matmul (q_dim = n_heads * head_dim;
+//                                   Qwen3: RMSNorm over each q and k head before RoPE)
+//   att  [q_dim]
 //   h13  [2 * hidden]               w1 (gate) | w3 (up) from one fused matmul
 //   hb   [hidden]                   SwiGLU(gate, up)
 //   logits [vocab]                  only for rows that ask for them
+// Mixture-of-experts models replace the SwiGLU FFN by engine/moe.h's batch-invariant MoeFfn.
+// RoPE tables: engine/rope_scaling.h (Llama 3 scaling).
 //
 // This is the CPU ForwardBackend (engine/forward_backend.h): K/V live in the KvCache's host pages.
 // Fingerprint backend: "cpu" (fp32 weight storage) or "cpu-bf16".
@@ -35,6 +38,7 @@
 #include "engine/forward_backend.h"
 #include "engine/kv_cache.h"
 #include "engine/model_weights.h"
+#include "engine/moe.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
@@ -54,6 +58,11 @@ struct TransformerOptions {
   // deliberately batch-variant matmul in here to show the suite catches it. nullptr in production.
   void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
                           kernels::ThreadPool*) = nullptr;
+  // Test seam: replaces kernels::Matmul for the routed experts of a MoE model only
+  // (engine/moe.h); the negative control plugs in a matmul whose reduction depends on how many
+  // tokens an expert gets. nullptr in production.
+  void (*expert_matmul_override)(kernels::Isa, const kernels::MatmulParams&,
+                                 kernels::ThreadPool*) = nullptr;
   // Audit seam (`bitroll audit --trace-layers`, rollout/audit_trace.h): when set, called after
   // each stage of the forward pass for every row at position trace_position, with that row's
   // fp32 output of the stage: layer -1 "embed"; per layer "attn_norm", "qkv" (after RoPE), "attn"
@@ -95,7 +104,8 @@ class Transformer final : public ForwardBackend {
     std::optional<kernels::PackedMatrix> wo;
     std::optional<kernels::PackedMatrix> w13;
     std::optional<kernels::PackedMatrix> w2;
-    std::vector<float> bqkv;  // empty unless the model has q/k/v biases
+    std::vector<float> bqkv;            // empty unless the model has q/k/v biases
+    std::vector<float> q_norm, k_norm;  // [head_dim]; empty unless the model has QK-norm
     std::vector<float> attn_norm;
     std::vector<float> ffn_norm;
   };
@@ -110,6 +120,7 @@ class Transformer final : public ForwardBackend {
   std::vector<Layer> layers_;
   std::optional<kernels::PackedMatrix> classifier_;
   std::vector<float> final_norm_;
+  std::unique_ptr<MoeFfn> moe_;  // set for mixture-of-experts models
   std::vector<float> rope_cos_;  // [max_seq_len][head_dim / 2]
   std::vector<float> rope_sin_;
   kernels::AttentionScratch attn_scratch_;

@@ -2,7 +2,9 @@
 """Writes a small random Hugging Face checkpoint (config.json + safetensors) for tests.
 
 The safetensors files are written by hand (8-byte header length, JSON header, raw little-endian
-data), so only numpy is needed. Shapes follow transformers' LlamaForCausalLM / Qwen2ForCausalLM.
+data), so only numpy is needed. Shapes follow transformers' LlamaForCausalLM / Qwen2ForCausalLM /
+Qwen3ForCausalLM (QK-norm, --head-dim) / Qwen3MoeForCausalLM / Qwen2MoeForCausalLM (shared
+expert); --llama3-scaling adds Llama 3's rope_scaling.
 
   /usr/bin/python3 scripts/make-hf-checkpoint.py --out DIR --arch qwen2 --dtype bf16 --shards 3
 """
@@ -79,7 +81,16 @@ def write_byte_tokenizer(path):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
+    p.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe"],
+                   default="llama")
+    p.add_argument("--head-dim", type=int, default=0, help="qwen3*: explicit head_dim")
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--moe-hidden", type=int, default=48)
+    p.add_argument("--shared-hidden", type=int, default=80, help="qwen2_moe shared expert")
+    p.add_argument("--norm-topk", choices=["default", "true", "false"], default="default")
+    p.add_argument("--llama3-scaling", action="store_true",
+                   help="rope_scaling llama3: factor 8, low 1, high 4, original 64 positions")
     p.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("--tied", action="store_true")
@@ -98,7 +109,9 @@ def main():
     a = p.parse_args()
 
     rng = np.random.default_rng(a.seed)
-    d, kv = a.dim, a.dim // a.heads * a.kv_heads
+    hd = a.head_dim if a.head_dim > 0 else a.dim // a.heads
+    d, kv, qd = a.dim, hd * a.kv_heads, hd * a.heads
+    moe = a.arch in ("qwen3_moe", "qwen2_moe")
 
     def mat(out_f, in_f, gain=1.5):
         return (rng.standard_normal((out_f, in_f)) * gain / np.sqrt(in_f)).astype(np.float32)
@@ -110,18 +123,35 @@ def main():
     for l in range(a.layers):
         b = "model.layers.%d." % l
         t.append((b + "input_layernorm.weight", vec(d, 1.0, 0.1)))
-        t.append((b + "self_attn.q_proj.weight", mat(d, d)))
+        t.append((b + "self_attn.q_proj.weight", mat(qd, d)))
         t.append((b + "self_attn.k_proj.weight", mat(kv, d)))
         t.append((b + "self_attn.v_proj.weight", mat(kv, d)))
-        if a.arch == "qwen2":
-            t.append((b + "self_attn.q_proj.bias", vec(d, 0.0, 0.3)))
+        if a.arch in ("qwen2", "qwen2_moe"):
+            t.append((b + "self_attn.q_proj.bias", vec(qd, 0.0, 0.3)))
             t.append((b + "self_attn.k_proj.bias", vec(kv, 0.0, 0.3)))
             t.append((b + "self_attn.v_proj.bias", vec(kv, 0.0, 0.3)))
-        t.append((b + "self_attn.o_proj.weight", mat(d, d)))
+        if a.arch in ("qwen3", "qwen3_moe"):
+            t.append((b + "self_attn.q_norm.weight", vec(hd, 1.0, 0.3)))
+            t.append((b + "self_attn.k_norm.weight", vec(hd, 1.0, 0.3)))
+        t.append((b + "self_attn.o_proj.weight", mat(d, qd)))
         t.append((b + "post_attention_layernorm.weight", vec(d, 1.0, 0.1)))
-        t.append((b + "mlp.gate_proj.weight", mat(a.hidden, d)))
-        t.append((b + "mlp.up_proj.weight", mat(a.hidden, d)))
-        t.append((b + "mlp.down_proj.weight", mat(d, a.hidden)))
+        if moe:
+            t.append((b + "mlp.gate.weight", mat(a.experts, d, 3.0)))
+            for e in range(a.experts):
+                x = b + "mlp.experts.%d." % e
+                t.append((x + "gate_proj.weight", mat(a.moe_hidden, d)))
+                t.append((x + "up_proj.weight", mat(a.moe_hidden, d)))
+                t.append((x + "down_proj.weight", mat(d, a.moe_hidden)))
+            if a.arch == "qwen2_moe" and a.shared_hidden > 0:
+                x = b + "mlp.shared_expert."
+                t.append((x + "gate_proj.weight", mat(a.shared_hidden, d)))
+                t.append((x + "up_proj.weight", mat(a.shared_hidden, d)))
+                t.append((x + "down_proj.weight", mat(d, a.shared_hidden)))
+                t.append((b + "mlp.shared_expert_gate.weight", mat(1, d)))
+        else:
+            t.append((b + "mlp.gate_proj.weight", mat(a.hidden, d)))
+            t.append((b + "mlp.up_proj.weight", mat(a.hidden, d)))
+            t.append((b + "mlp.down_proj.weight", mat(d, a.hidden)))
     t.append(("model.norm.weight", vec(d, 1.0, 0.1)))
     if not a.tied:
         t.append(("lm_head.weight", mat(a.vocab, d, 3.0)))
@@ -142,7 +172,9 @@ def main():
         with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1)
     config = {
-        "architectures": ["LlamaForCausalLM" if a.arch == "llama" else "Qwen2ForCausalLM"],
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                           "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                           "qwen2_moe": "Qwen2MoeForCausalLM"}[a.arch]],
         "model_type": a.arch,
         "hidden_size": d,
         "intermediate_size": a.hidden,
@@ -158,6 +190,22 @@ def main():
         "rope_scaling": None,
         "torch_dtype": {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[a.dtype],
     }
+    if a.head_dim > 0:
+        config["head_dim"] = a.head_dim
+    if a.llama3_scaling:
+        config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 64}
+    if a.arch in ("qwen3", "qwen3_moe"):
+        config["attention_bias"] = False
+    if moe:
+        config.update({"num_experts": a.experts, "num_experts_per_tok": a.top_k,
+                       "moe_intermediate_size": a.moe_hidden, "decoder_sparse_step": 1,
+                       "mlp_only_layers": []})
+        if a.norm_topk != "default":
+            config["norm_topk_prob"] = a.norm_topk == "true"
+        if a.arch == "qwen2_moe":
+            config["shared_expert_intermediate_size"] = a.shared_hidden
     if a.arch == "llama":
         config.update({"bos_token_id": 1, "eos_token_id": 2})
     else:  # Qwen2 style: ids from generation_config.json, eos as a list

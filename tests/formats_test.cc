@@ -2,9 +2,11 @@
 //  * stories260K.gguf and stories260K.bin give the same greedy ids and logprob bits (memcmp);
 //  * llama-2-tiny-random.gguf (F16, 32000-token SentencePiece vocabulary) generates through
 //    OpenEngine with its embedded tokenizer;
-//  * random Hugging Face checkpoints (Llama / Qwen2, GQA, f32 / bf16, tied / untied, 1-3 shards)
-//    give the logprobs of an independent numpy forward pass (tests/hf_reference.py) within a
-//    stated tolerance — a cross-implementation check, so a tolerance is right here;
+//  * random Hugging Face checkpoints (Llama / Llama 3 rope scaling / Qwen2 / Qwen3 QK-norm /
+//    Qwen3-MoE / Qwen2-MoE with a shared expert, GQA, f32 / bf16, tied / untied, 1-3 shards) give
+//    the logprobs of an independent numpy forward pass (tests/hf_reference.py) within a stated
+//    tolerance — a cross-implementation check, so a tolerance is right here — and disagree with a
+//    reference that leaves the feature out (--break);
 //  * format detection and tokenizer lookup for every format.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -145,6 +147,9 @@ std::string RunCommand(const std::string& cmd) {
 struct HfCase {
   const char* name;
   const char* args;
+  // A deliberately wrong reference (tests/hf_reference.py --break) the engine must disagree with:
+  // it shows the case exercises that feature. nullptr = none.
+  const char* broken = nullptr;
 };
 
 void PrintTo(const HfCase& c, std::ostream* os) {
@@ -178,16 +183,20 @@ TEST_P(HfReference, LogprobsMatchNumpyForward) {
   for (int32_t& t : tokens) t = int32_t(rng() % uint32_t(w->config.vocab_size));
   std::string list;
   for (int32_t t : tokens) list += (list.empty() ? "" : ",") + std::to_string(t);
-  const std::string ref_text =
-      RunCommand("/usr/bin/python3 " + src + "/tests/hf_reference.py --model " + dir.string() +
-                 " --tokens " + list);
-  std::vector<double> ref;
-  for (size_t pos = 0; pos < ref_text.size();) {
-    const size_t nl = ref_text.find('\n', pos);
-    ref.push_back(std::strtod(ref_text.substr(pos, nl - pos).c_str(), nullptr));
-    pos = nl == std::string::npos ? ref_text.size() : nl + 1;
-  }
-  ASSERT_EQ(ref.size(), tokens.size() - 1) << ref_text;
+  auto reference = [&](const std::string& extra) {
+    const std::string text =
+        RunCommand("/usr/bin/python3 " + src + "/tests/hf_reference.py --model " + dir.string() +
+                   " --tokens " + list + extra);
+    std::vector<double> out;
+    for (size_t pos = 0; pos < text.size();) {
+      const size_t nl = text.find('\n', pos);
+      out.push_back(std::strtod(text.substr(pos, nl - pos).c_str(), nullptr));
+      pos = nl == std::string::npos ? text.size() : nl + 1;
+    }
+    return out;
+  };
+  const std::vector<double> ref = reference("");
+  ASSERT_EQ(ref.size(), tokens.size() - 1);
 
   auto run = [&](std::shared_ptr<const engine::ModelWeights> weights) {
     engine::SequenceRequest r = Greedy(1, {tokens[0]}, int32_t(tokens.size() - 1));
@@ -213,19 +222,42 @@ TEST_P(HfReference, LogprobsMatchNumpyForward) {
   double bad_err = 0.0;
   for (size_t i = 0; i < ref.size(); ++i) bad_err = std::max(bad_err, std::fabs(bad[i] - ref[i]));
   EXPECT_GT(bad_err, 1e-2) << c.name << ": the wrong RoPE layout went unnoticed";
+
+  // Negative control of the feature under test: the engine disagrees with a reference that
+  // skips it (QK-norm, rope scaling) or routes to one expert too many.
+  if (c.broken != nullptr) {
+    const std::vector<double> wrong_ref = reference(std::string(" --break ") + c.broken);
+    ASSERT_EQ(wrong_ref.size(), ref.size());
+    double err = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) err = std::max(err, std::fabs(got[i] - wrong_ref[i]));
+    EXPECT_GT(err, 1e-2) << c.name << ": a reference with --break " << c.broken
+                         << " agreed with the engine";
+    std::printf("%s: max |logprob - reference --break %s| = %.3g\n", c.name, c.broken, err);
+  }
   fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Checkpoints, HfReference,
-    ::testing::Values(HfCase{"llama_f32_untied", "--arch llama --dtype f32 --seed 11"},
-                      HfCase{"llama_bf16_tied_2shards",
-                             "--arch llama --dtype bf16 --tied --shards 2 --seed 12"},
-                      HfCase{"qwen2_bf16_gqa_3shards",
-                             "--arch qwen2 --dtype bf16 --shards 3 --kv-heads 1 --seed 13"},
-                      HfCase{"qwen2_f32_tied",
-                             "--arch qwen2 --dtype f32 --tied --theta 1000000 "
-                             "--seed 14"}),
+    ::testing::Values(
+        HfCase{"llama_f32_untied", "--arch llama --dtype f32 --seed 11"},
+        HfCase{"llama_bf16_tied_2shards", "--arch llama --dtype bf16 --tied --shards 2 --seed 12"},
+        HfCase{"qwen2_bf16_gqa_3shards",
+               "--arch qwen2 --dtype bf16 --shards 3 --kv-heads 1 --seed 13"},
+        HfCase{"qwen2_f32_tied",
+               "--arch qwen2 --dtype f32 --tied --theta 1000000 "
+               "--seed 14"},
+        HfCase{"qwen3_bf16_headdim32", "--arch qwen3 --dtype bf16 --head-dim 32 --seed 15",
+               "no_qk_norm"},
+        HfCase{"qwen3_f32_tied", "--arch qwen3 --dtype f32 --tied --seed 16", "no_qk_norm"},
+        HfCase{"llama3_rope_scaling", "--arch llama --llama3-scaling --theta 500000 --seed 17",
+               "no_rope_scaling"},
+        HfCase{"qwen3_moe_8x_top2", "--arch qwen3_moe --head-dim 32 --seed 18", "topk_plus_one"},
+        HfCase{"qwen3_moe_unnormalised_bf16",
+               "--arch qwen3_moe --dtype bf16 --norm-topk false --experts 6 --top-k 3 "
+               "--seed 19",
+               "topk_plus_one"},
+        HfCase{"qwen2_moe_shared_expert", "--arch qwen2_moe --seed 20", "topk_plus_one"}),
     [](const ::testing::TestParamInfo<HfCase>& i) { return std::string(i.param.name); });
 
 // ---- detection and tokenizers ------------------------------------------------------------------

@@ -1,12 +1,17 @@
 #!/usr/bin/python3
-"""Reference forward pass for a Hugging Face Llama / Qwen2 checkpoint, in float64 numpy.
+"""Reference forward pass for a Hugging Face Llama / Qwen2 / Qwen3 / Qwen3-MoE / Qwen2-MoE
+checkpoint, in float64 numpy.
 
 Independent of bitroll: it reads config.json and the safetensors files itself and follows
-transformers' semantics (RMSNorm, half-split "rotate_half" RoPE, GQA, q/k/v biases, SwiGLU,
-tied or separate lm_head). Prints one line per position t >= 1: log p(tokens[t] | tokens[:t]),
-as a repr float.
+transformers' semantics (RMSNorm, half-split "rotate_half" RoPE, Llama 3 rope_scaling, GQA, q/k/v
+biases, Qwen3 QK-norm and head_dim, SwiGLU, softmax top-k routing with norm_topk_prob, Qwen2-MoE's
+sigmoid-gated shared expert, tied or separate lm_head). Prints one line per position t >= 1:
+log p(tokens[t] | tokens[:t]), as a repr float.
 
   /usr/bin/python3 tests/hf_reference.py --model DIR --tokens 1,5,9,...
+
+--break X computes a deliberately wrong model, for negative controls: no_qk_norm (skips QK-norm),
+topk_plus_one (routes to k + 1 experts), no_rope_scaling (ignores rope_scaling).
 """
 import argparse
 import json
@@ -64,17 +69,64 @@ def rotate_half(x):
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
-def forward(cfg, w, tokens):
+def llama3_inv_freq(inv_freq, rs):
+    """transformers' _compute_llama3_parameters."""
+    factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / lo, old / hi
+    wavelen = 2 * np.pi / inv_freq
+    f = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * f / factor + smooth * f
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, f)
+
+
+def swiglu(h, w, p):
+    gate = h @ w[p + "gate_proj.weight"].T
+    up = h @ w[p + "up_proj.weight"].T
+    return (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "down_proj.weight"].T
+
+
+def moe(cfg, w, p, h, broken):
+    """Qwen3-MoE / Qwen2-MoE sparse block: softmax router, top-k, optional renormalisation."""
+    k = cfg["num_experts_per_tok"] + (1 if broken == "topk_plus_one" else 0)
+    arch = cfg["architectures"][0]
+    norm = cfg.get("norm_topk_prob", arch == "Qwen3MoeForCausalLM")
+    logits = h @ w[p + "mlp.gate.weight"].T  # [T, E]
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        top = np.argsort(-probs[t], kind="stable")[:k]
+        wt = probs[t, top]
+        if norm:
+            wt = wt / wt.sum()
+        for e, g in zip(top, wt):
+            out[t] += g * swiglu(h[t:t + 1], w, p + "mlp.experts.%d." % e)[0]
+    if p + "mlp.shared_expert_gate.weight" in w:
+        gate = h @ w[p + "mlp.shared_expert_gate.weight"].T  # [T, 1]
+        out += 1.0 / (1.0 + np.exp(-gate)) * swiglu(h, w, p + "mlp.shared_expert.")
+    return out
+
+
+def forward(cfg, w, tokens, broken=None):
     d = cfg["hidden_size"]
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nh)
-    hd = d // nh
+    hd = cfg.get("head_dim") or d // nh
     eps = cfg.get("rms_norm_eps", 1e-6)
     theta = cfg.get("rope_theta", 10000.0)
-    qwen = cfg["architectures"][0] == "Qwen2ForCausalLM"
+    arch = cfg["architectures"][0]
+    qwen = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
+    qk_norm = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") and broken != "no_qk_norm"
     T = len(tokens)
     x = w["model.embed_tokens.weight"][tokens]  # [T, d]
     inv_freq = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    rs = cfg.get("rope_scaling")
+    if rs and broken != "no_rope_scaling":
+        assert rs.get("rope_type", rs.get("type")) == "llama3", rs
+        inv_freq = llama3_inv_freq(inv_freq, rs)
     freqs = np.outer(np.arange(T, dtype=np.float64), inv_freq)  # [T, hd/2]
     emb = np.concatenate([freqs, freqs], axis=-1)
     cos, sin = np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]
@@ -92,6 +144,9 @@ def forward(cfg, w, tokens):
         q = q.reshape(T, nh, hd)
         k = k.reshape(T, nkv, hd)
         v = v.reshape(T, nkv, hd)
+        if qk_norm:
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         att = np.zeros((T, nh, hd))
@@ -101,11 +156,12 @@ def forward(cfg, w, tokens):
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
             att[:, hh, :] = s @ v[:, g, :]
-        x = x + att.reshape(T, d) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + att.reshape(T, nh * hd) @ w[p + "self_attn.o_proj.weight"].T
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
-        gate = h @ w[p + "mlp.gate_proj.weight"].T
-        up = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+        if "num_experts" in cfg:
+            x = x + moe(cfg, w, p, h, broken)
+        else:
+            x = x + swiglu(h, w, p + "mlp.")
     x = rms_norm(x, w["model.norm.weight"], eps)
     head = w.get("lm_head.weight")
     if cfg.get("tie_word_embeddings", False) or head is None:
@@ -119,11 +175,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
     p.add_argument("--tokens", required=True)
+    p.add_argument("--break", dest="broken", default=None,
+                   choices=["no_qk_norm", "topk_plus_one", "no_rope_scaling"])
     a = p.parse_args()
     with open(os.path.join(a.model, "config.json")) as f:
         cfg = json.load(f)
     tokens = [int(t) for t in a.tokens.split(",")]
-    logp = forward(cfg, load_weights(a.model), tokens)
+    logp = forward(cfg, load_weights(a.model), tokens, a.broken)
     for t in range(1, len(tokens)):
         print(repr(float(logp[t - 1, tokens[t]])))
 

@@ -211,6 +211,11 @@ Result<std::unique_ptr<CudaTransformer>> CudaTransformer::Create(
   const ModelConfig& c = weights->config;
   BR_RETURN_IF_ERROR(c.Validate());
   BR_RETURN_IF_ERROR(CudaDeviceStatus(options.device));
+  if (c.is_moe() || c.qk_norm || c.head_size != 0 || c.rope_factor != 0.0f) {
+    return Status::Unsupported(
+        "cuda transformer: mixture of experts, QK-norm, an explicit head_dim and rope scaling "
+        "run on the cpu device only");
+  }
   if (c.dim % 8 != 0) {
     return Status::Unsupported("cuda transformer: dim " + std::to_string(c.dim) +
                                " is not a multiple of 8");

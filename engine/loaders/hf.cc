@@ -84,6 +84,75 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
   return o + "]";
 }
 
+// rope_scaling: null, or rope_type (or "type") "llama3" with factor, low_freq_factor,
+// high_freq_factor and original_max_position_embeddings. Anything else is kUnsupported.
+Status RopeScalingFromJson(const json& j, const std::string& file, ModelConfig* c) {
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  const json& rs = *it;
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    if (rs.is_object() && rs.contains(key) && rs[key].is_string()) {
+      type = rs[key].get<std::string>();
+      break;
+    }
+  }
+  if (type != "llama3") {
+    return Status::Unsupported(file + ": rope_scaling " + Dump(rs) +
+                               " is not supported (rope_type \"llama3\" is)");
+  }
+  const std::string what = file + " rope_scaling";
+  BR_ASSIGN_OR_RETURN(double factor, FloatField(rs, "factor", what, -1.0));
+  BR_ASSIGN_OR_RETURN(double lo, FloatField(rs, "low_freq_factor", what, -1.0));
+  BR_ASSIGN_OR_RETURN(double hi, FloatField(rs, "high_freq_factor", what, -1.0));
+  BR_ASSIGN_OR_RETURN(int64_t old_len,
+                      IntField(rs, "original_max_position_embeddings", what, std::nullopt));
+  if (!(factor >= 1.0) || !(lo > 0.0) || !(hi > lo) || old_len <= 0 ||
+      old_len > std::numeric_limits<int32_t>::max()) {
+    return Status::InvalidArgument(what + ": " + Dump(rs) +
+                                   " needs factor >= 1, 0 < low_freq_factor < high_freq_factor "
+                                   "and original_max_position_embeddings > 0");
+  }
+  c->rope_factor = float(factor);
+  c->rope_low_freq_factor = float(lo);
+  c->rope_high_freq_factor = float(hi);
+  c->rope_original_max_pos = int32_t(old_len);
+  return Status::Ok();
+}
+
+// Qwen3-MoE / Qwen2-MoE: num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob
+// (default: true for Qwen3-MoE, false for Qwen2-MoE), shared_expert_intermediate_size (Qwen2-MoE;
+// 0 = none). Every layer must be sparse: decoder_sparse_step 1 and no mlp_only_layers.
+Status MoeFromJson(const json& j, const std::string& file, ModelConfig* c) {
+  if (c->arch != "qwen3_moe" && c->arch != "qwen2_moe") return Status::Ok();
+  auto positive = [&](const char* key, std::optional<int64_t> def, int32_t* dst) -> Status {
+    BR_ASSIGN_OR_RETURN(int64_t v, IntField(j, key, file, def));
+    if (v < 0 || v > std::numeric_limits<int32_t>::max()) {
+      return Status::InvalidArgument(file + ": " + key + " = " + std::to_string(v) +
+                                     " is out of range");
+    }
+    *dst = int32_t(v);
+    return Status::Ok();
+  };
+  BR_RETURN_IF_ERROR(positive("num_experts", std::nullopt, &c->n_experts));
+  BR_RETURN_IF_ERROR(positive("num_experts_per_tok", std::nullopt, &c->n_experts_per_tok));
+  BR_RETURN_IF_ERROR(positive("moe_intermediate_size", std::nullopt, &c->moe_hidden_dim));
+  if (c->arch == "qwen2_moe") {
+    BR_RETURN_IF_ERROR(
+        positive("shared_expert_intermediate_size", int64_t{0}, &c->shared_expert_hidden));
+  }
+  c->norm_topk_prob = BoolField(j, "norm_topk_prob", c->arch == "qwen3_moe");
+  BR_ASSIGN_OR_RETURN(int64_t step, IntField(j, "decoder_sparse_step", file, int64_t{1}));
+  auto only = j.find("mlp_only_layers");
+  const bool dense_layers = only != j.end() && only->is_array() && !only->empty();
+  if (step != 1 || dense_layers) {
+    return Status::Unsupported(file + ": dense layers in a MoE model (decoder_sparse_step " +
+                               std::to_string(step) + ", mlp_only_layers) are not supported");
+  }
+  if (c->n_experts == 0) return Status::InvalidArgument(file + ": num_experts is 0");
+  return Status::Ok();
+}
+
 Status ConfigFromJson(const json& j, const json* gen, const std::string& file, ModelConfig* c) {
   std::string arch;
   auto archs = j.find("architectures");
@@ -96,9 +165,17 @@ Status ConfigFromJson(const json& j, const json* gen, const std::string& file, M
     c->arch = "llama";
   } else if (arch == "Qwen2ForCausalLM" || arch == "qwen2") {
     c->arch = "qwen2";
+  } else if (arch == "Qwen3ForCausalLM" || arch == "qwen3") {
+    c->arch = "qwen3";
+  } else if (arch == "Qwen3MoeForCausalLM" || arch == "qwen3_moe") {
+    c->arch = "qwen3_moe";
+  } else if (arch == "Qwen2MoeForCausalLM" || arch == "qwen2_moe") {
+    c->arch = "qwen2_moe";
   } else {
     return Status::Unsupported(file + ": architecture \"" + arch +
-                               "\" is not supported (LlamaForCausalLM and Qwen2ForCausalLM are)");
+                               "\" is not supported (LlamaForCausalLM, Qwen2ForCausalLM, "
+                               "Qwen3ForCausalLM, Qwen3MoeForCausalLM and Qwen2MoeForCausalLM "
+                               "are)");
   }
   struct {
     const char* key;
@@ -128,12 +205,15 @@ Status ConfigFromJson(const json& j, const json* gen, const std::string& file, M
   c->norm_eps = float(eps);
   c->rope_theta = float(theta);
   c->rope_layout = kernels::RopeLayout::kHalfSplit;
-  c->qkv_bias = c->arch == "qwen2";
-  c->shared_classifier = BoolField(j, "tie_word_embeddings", false);
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    return Status::Unsupported(file + ": rope_scaling " + Dump(j["rope_scaling"]) +
-                               " is not supported");
+  const bool qwen3 = c->arch == "qwen3" || c->arch == "qwen3_moe";
+  c->qkv_bias = c->arch == "qwen2" || c->arch == "qwen2_moe";
+  if (qwen3 && BoolField(j, "attention_bias", false)) {
+    return Status::Unsupported(file + ": attention_bias on Qwen3 is not supported");
   }
+  c->qk_norm = qwen3;
+  c->shared_classifier = BoolField(j, "tie_word_embeddings", false);
+  BR_RETURN_IF_ERROR(RopeScalingFromJson(j, file, c));
+  BR_RETURN_IF_ERROR(MoeFromJson(j, file, c));
   if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
     return Status::Unsupported(file + ": hidden_act " + Dump(j["hidden_act"]) +
                                " is not supported (silu is)");
@@ -144,9 +224,16 @@ Status ConfigFromJson(const json& j, const json* gen, const std::string& file, M
   }
   if (j.contains("head_dim") && !j["head_dim"].is_null()) {
     BR_ASSIGN_OR_RETURN(int64_t hd, IntField(j, "head_dim", file, std::nullopt));
-    if (c->n_heads > 0 && hd * c->n_heads != c->dim) {
-      return Status::Unsupported(file + ": head_dim " + std::to_string(hd) +
-                                 " differs from hidden_size / num_attention_heads");
+    if (hd <= 0 || hd > 4096) {
+      return Status::InvalidArgument(file + ": head_dim " + std::to_string(hd) +
+                                     " is out of range");
+    }
+    if (hd * c->n_heads != c->dim) {
+      if (!qwen3) {
+        return Status::Unsupported(file + ": head_dim " + std::to_string(hd) +
+                                   " differs from hidden_size / num_attention_heads");
+      }
+      c->head_size = int32_t(hd);
     }
   }
   for (auto [key, dst, def] : {std::tuple{"bos_token_id", &c->bos_id, int64_t{1}},
@@ -275,6 +362,13 @@ Result<ModelWeights> Load(const std::string& dir, const HfLoadOptions& options) 
   };
 
   const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim, vocab = c.vocab_size;
+  const int64_t qd = c.q_dim(), hd = c.head_dim();
+  auto ffn = [&](const std::string& p, int64_t h, FfnWeights* f) -> Status {
+    BR_ASSIGN_OR_RETURN(f->w1, get(p + "gate_proj.weight", {h, dim}));
+    BR_ASSIGN_OR_RETURN(f->w2, get(p + "down_proj.weight", {dim, h}));
+    BR_ASSIGN_OR_RETURN(f->w3, get(p + "up_proj.weight", {h, dim}));
+    return Status::Ok();
+  };
   ModelWeights w;
   w.config = c;
   BR_ASSIGN_OR_RETURN(w.token_embedding, get("model.embed_tokens.weight", {vocab, dim}));
@@ -283,19 +377,37 @@ Result<ModelWeights> Load(const std::string& dir, const HfLoadOptions& options) 
     LayerWeights& L = w.layers[size_t(l)];
     const std::string b = "model.layers." + std::to_string(l) + ".";
     BR_ASSIGN_OR_RETURN(L.attn_norm, get(b + "input_layernorm.weight", {dim}));
-    BR_ASSIGN_OR_RETURN(L.wq, get(b + "self_attn.q_proj.weight", {dim, dim}));
+    BR_ASSIGN_OR_RETURN(L.wq, get(b + "self_attn.q_proj.weight", {qd, dim}));
     BR_ASSIGN_OR_RETURN(L.wk, get(b + "self_attn.k_proj.weight", {kv, dim}));
     BR_ASSIGN_OR_RETURN(L.wv, get(b + "self_attn.v_proj.weight", {kv, dim}));
     if (c.qkv_bias) {
-      BR_ASSIGN_OR_RETURN(L.bq, get(b + "self_attn.q_proj.bias", {dim}));
+      BR_ASSIGN_OR_RETURN(L.bq, get(b + "self_attn.q_proj.bias", {qd}));
       BR_ASSIGN_OR_RETURN(L.bk, get(b + "self_attn.k_proj.bias", {kv}));
       BR_ASSIGN_OR_RETURN(L.bv, get(b + "self_attn.v_proj.bias", {kv}));
     }
-    BR_ASSIGN_OR_RETURN(L.wo, get(b + "self_attn.o_proj.weight", {dim, dim}));
+    BR_ASSIGN_OR_RETURN(L.wo, get(b + "self_attn.o_proj.weight", {dim, qd}));
+    if (c.qk_norm) {
+      BR_ASSIGN_OR_RETURN(L.q_norm, get(b + "self_attn.q_norm.weight", {hd}));
+      BR_ASSIGN_OR_RETURN(L.k_norm, get(b + "self_attn.k_norm.weight", {hd}));
+    }
     BR_ASSIGN_OR_RETURN(L.ffn_norm, get(b + "post_attention_layernorm.weight", {dim}));
-    BR_ASSIGN_OR_RETURN(L.w1, get(b + "mlp.gate_proj.weight", {hidden, dim}));
-    BR_ASSIGN_OR_RETURN(L.w2, get(b + "mlp.down_proj.weight", {dim, hidden}));
-    BR_ASSIGN_OR_RETURN(L.w3, get(b + "mlp.up_proj.weight", {hidden, dim}));
+    if (c.is_moe()) {
+      BR_ASSIGN_OR_RETURN(L.router, get(b + "mlp.gate.weight", {c.n_experts, dim}));
+      L.experts.resize(size_t(c.n_experts));
+      for (int32_t e = 0; e < c.n_experts; ++e) {
+        BR_RETURN_IF_ERROR(ffn(b + "mlp.experts." + std::to_string(e) + ".", c.moe_hidden_dim,
+                               &L.experts[size_t(e)]));
+      }
+      if (c.shared_expert_hidden > 0) {
+        BR_RETURN_IF_ERROR(ffn(b + "mlp.shared_expert.", c.shared_expert_hidden, &L.shared_expert));
+        BR_ASSIGN_OR_RETURN(L.shared_expert_gate,
+                            get(b + "mlp.shared_expert_gate.weight", {1, dim}));
+      }
+    } else {
+      BR_ASSIGN_OR_RETURN(L.w1, get(b + "mlp.gate_proj.weight", {hidden, dim}));
+      BR_ASSIGN_OR_RETURN(L.w2, get(b + "mlp.down_proj.weight", {dim, hidden}));
+      BR_ASSIGN_OR_RETURN(L.w3, get(b + "mlp.up_proj.weight", {hidden, dim}));
+    }
   }
   BR_ASSIGN_OR_RETURN(w.final_norm, get("model.norm.weight", {dim}));
   if (c.shared_classifier) {

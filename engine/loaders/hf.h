@@ -1,7 +1,8 @@
 // engine/loaders/hf.h: Hugging Face checkpoints (a directory with config.json and safetensors).
 //
 // Directory layout:
-//   config.json                         LlamaForCausalLM or Qwen2ForCausalLM
+//   config.json                         LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+//                                       Qwen3MoeForCausalLM or Qwen2MoeForCausalLM
 //   model.safetensors                   one shard, or
 //   model.safetensors.index.json        {"weight_map": {tensor name: shard file name}} and the
 //   model-0000i-of-0000N.safetensors    shards it names (plain file names inside the directory)
@@ -15,8 +16,16 @@
 // by HfLoadOptions::max_seq_len), rms_norm_eps (default 1e-6), rope_theta (default 10000),
 // tie_word_embeddings (default false), bos/eos_token_id (an eos list uses its first id; default
 // 1 / 2). RoPE is the NeoX half-split layout (transformers' rotate_half) on the weights as they
-// are. Qwen2 has q/k/v biases. rope_scaling, attention_bias/mlp_bias on Llama, a head_dim other
-// than hidden_size / num_attention_heads, and hidden_act other than silu are kUnsupported.
+// are. Qwen2 has q/k/v biases. Qwen3 has QK-norm (self_attn.q_norm / k_norm, [head_dim]) and may
+// set head_dim apart from hidden_size / num_attention_heads. rope_scaling with rope_type "llama3"
+// (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings; engine/
+// rope_scaling.h). MoE (engine/moe.h): num_experts, num_experts_per_tok, moe_intermediate_size,
+// norm_topk_prob (default true on Qwen3-MoE, false on Qwen2-MoE), Qwen2-MoE's
+// shared_expert_intermediate_size; tensors mlp.gate.weight (router), mlp.experts.E.{gate,up,
+// down}_proj.weight, mlp.shared_expert.*, mlp.shared_expert_gate.weight. Other rope_scaling types,
+// dense layers inside a MoE model (decoder_sparse_step != 1, mlp_only_layers), attention_bias on
+// Llama / Qwen3, mlp_bias, head_dim other than hidden_size / num_attention_heads outside Qwen3,
+// and hidden_act other than silu are kUnsupported.
 //
 // Thread-safety: LoadHuggingFace has no shared state; the result is immutable.
 #pragma once

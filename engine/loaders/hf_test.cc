@@ -1,5 +1,6 @@
-// Tests for engine/loaders/hf: random checkpoints written by scripts/make-hf-checkpoint.py (Llama
-// and Qwen2 shapes, GQA, f32/bf16/f16, tied/untied, 1-3 shards) load with the right config and
+// Tests for engine/loaders/hf: random checkpoints written by scripts/make-hf-checkpoint.py (Llama,
+// Llama 3 rope scaling, Qwen2, Qwen3, Qwen3-MoE and Qwen2-MoE shapes, GQA, f32/bf16/f16,
+// tied/untied, 1-3 shards) load with the right config and
 // tensors, and every broken directory gives a typed error naming what is wrong.
 #include "engine/loaders/hf.h"
 
@@ -13,6 +14,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "engine/loaders/safetensors.h"
 
@@ -173,12 +175,26 @@ TEST(HuggingFace, BrokenCheckpointsGiveTypedErrors) {
          Replace(d + "/config.json", "LlamaForCausalLM", "MistralForCausalLM");
        },
        ErrorCode::kUnsupported, "\"MistralForCausalLM\""},
-      {"rope scaling",
+      {"rope scaling of another type",
+       [](const std::string& d) {
+         Replace(d + "/config.json", "\"rope_scaling\": null",
+                 "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}");
+       },
+       ErrorCode::kUnsupported, "rope_scaling"},
+      {"llama3 rope scaling without its fields",
        [](const std::string& d) {
          Replace(d + "/config.json", "\"rope_scaling\": null",
                  "\"rope_scaling\": {\"rope_type\": \"llama3\"}");
        },
-       ErrorCode::kUnsupported, "rope_scaling"},
+       ErrorCode::kNotFound, "original_max_position_embeddings"},
+      {"llama3 rope scaling with a bad factor",
+       [](const std::string& d) {
+         Replace(d + "/config.json", "\"rope_scaling\": null",
+                 "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 0.5, "
+                 "\"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+                 "\"original_max_position_embeddings\": 64}");
+       },
+       ErrorCode::kInvalidArgument, "factor >= 1"},
       {"shape disagrees with config",
        [](const std::string& d) {
          Replace(d + "/config.json", "\"intermediate_size\": 96", "\"intermediate_size\": 80");
@@ -207,6 +223,102 @@ TEST(HuggingFace, BrokenCheckpointsGiveTypedErrors) {
     fs::remove_all(dir);
   }
   EXPECT_EQ(LoadHuggingFace("/nonexistent-bitroll-dir").status().code(), ErrorCode::kNotFound);
+}
+
+TEST(HuggingFace, LoadsQwen3MoeAndLlama3Configs) {
+  REQUIRE_PYTHON();
+  const std::string q3 = MakeCheckpoint("q3moe", "--arch qwen3_moe --head-dim 32 --seed 3");
+  Result<ModelWeights> w = LoadHuggingFace(q3);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const ModelConfig& c = w->config;
+  EXPECT_EQ(c.arch, "qwen3_moe");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim(), 32);
+  EXPECT_EQ(c.q_dim(), 128);
+  EXPECT_EQ(c.n_experts, 8);
+  EXPECT_EQ(c.n_experts_per_tok, 2);
+  EXPECT_EQ(c.moe_hidden_dim, 48);
+  EXPECT_TRUE(c.norm_topk_prob);  // Qwen3-MoE's default
+  EXPECT_EQ(w->layers[1].experts.size(), 8u);
+  EXPECT_EQ(w->layers[1].wq.shape, (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(w->layers[1].q_norm.shape, (std::vector<int64_t>{32}));
+  // An expert tensor is hashed: changing one byte of expert 7's down_proj changes the hash.
+  const std::string q2 = MakeCheckpoint("q2moe", "--arch qwen2_moe --seed 4");
+  Result<ModelWeights> w2 = LoadHuggingFace(q2);
+  ASSERT_TRUE(w2.ok()) << w2.status().ToString();
+  EXPECT_FALSE(w2->config.norm_topk_prob);  // Qwen2-MoE's default
+  EXPECT_EQ(w2->config.shared_expert_hidden, 80);
+  EXPECT_TRUE(w2->config.qkv_bias);
+  ASSERT_NE(w2->layers[0].shared_expert_gate.data, nullptr);
+  ModelWeights copy = *w2;
+  std::vector<uint8_t> bytes(static_cast<const uint8_t*>(copy.layers[1].experts[7].w2.data),
+                             static_cast<const uint8_t*>(copy.layers[1].experts[7].w2.data) +
+                                 copy.layers[1].experts[7].w2.size_bytes());
+  bytes[5] ^= 1;
+  copy.layers[1].experts[7].w2.data = bytes.data();
+  EXPECT_NE(HashWeights(copy), w2->weights_hash);
+  const std::string l3 = MakeCheckpoint("l3", "--arch llama --llama3-scaling --seed 5");
+  Result<ModelWeights> w3 = LoadHuggingFace(l3);
+  ASSERT_TRUE(w3.ok()) << w3.status().ToString();
+  EXPECT_EQ(w3->config.rope_factor, 8.0f);
+  EXPECT_EQ(w3->config.rope_original_max_pos, 64);
+  for (const std::string& d : {q3, q2, l3}) fs::remove_all(d);
+}
+
+TEST(HuggingFace, BrokenMoeAndQwen3CheckpointsGiveTypedErrors) {
+  REQUIRE_PYTHON();
+  struct Case {
+    const char* name;
+    std::function<void(const std::string&)> damage;
+    ErrorCode code;
+    const char* part;
+  };
+  const std::vector<Case> cases = {
+      {"no num_experts",
+       [](const std::string& d) {
+         Replace(d + "/config.json", "\"num_experts\": 8", "\"num_experts_x\": 8");
+       },
+       ErrorCode::kNotFound, "num_experts"},
+      {"top-k above the expert count",
+       [](const std::string& d) {
+         Replace(d + "/config.json", "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9");
+       },
+       ErrorCode::kInvalidArgument, "n_experts_per_tok"},
+      {"dense layers inside the MoE",
+       [](const std::string& d) {
+         Replace(d + "/config.json", "\"mlp_only_layers\": []", "\"mlp_only_layers\": [1]");
+       },
+       ErrorCode::kUnsupported, "mlp_only_layers"},
+      {"attention bias on qwen3",
+       [](const std::string& d) {
+         Replace(d + "/config.json", "\"attention_bias\": false", "\"attention_bias\": true");
+       },
+       ErrorCode::kUnsupported, "attention_bias"},
+      {"a missing expert tensor",
+       [](const std::string& d) {
+         Replace(d + "/model.safetensors", "model.layers.1.mlp.experts.3.up_proj.weight",
+                 "model.layers.1.mlp.experts.3.up_proj.weighz");
+       },
+       ErrorCode::kNotFound, "model.layers.1.mlp.experts.3.up_proj.weight"},
+      {"a missing q_norm",
+       [](const std::string& d) {
+         Replace(d + "/model.safetensors", "model.layers.0.self_attn.q_norm.weight",
+                 "model.layers.0.self_attn.q_norm.weighz");
+       },
+       ErrorCode::kNotFound, "q_norm"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = MakeCheckpoint("brokenmoe", "--arch qwen3_moe --head-dim 32");
+    ASSERT_FALSE(dir.empty());
+    ASSERT_TRUE(LoadHuggingFace(dir).ok()) << c.name << ": the undamaged checkpoint must load";
+    c.damage(dir);
+    Result<ModelWeights> w = LoadHuggingFace(dir);
+    ASSERT_FALSE(w.ok()) << c.name;
+    EXPECT_EQ(w.status().code(), c.code) << c.name << ": " << w.status().ToString();
+    EXPECT_NE(w.status().message().find(c.part), std::string::npos)
+        << c.name << ": " << w.status().ToString();
+    fs::remove_all(dir);
+  }
 }
 
 TEST(HuggingFace, UnsupportedDtypeIsNamed) {

@@ -11,7 +11,8 @@ add_library(bitroll_model STATIC
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cc
   ${CMAKE_CURRENT_LIST_DIR}/tokenizers/llama2c_tokenizer.cc
   ${CMAKE_CURRENT_LIST_DIR}/sampler.cc
-  ${CMAKE_CURRENT_LIST_DIR}/make_model.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/make_model.cc
+  ${CMAKE_CURRENT_LIST_DIR}/make_model_hf.cc)
 target_include_directories(bitroll_model PUBLIC ${CMAKE_SOURCE_DIR})
 target_include_directories(bitroll_model PRIVATE ${BITROLL_XXHASH_INCLUDE})
 target_link_libraries(bitroll_model PUBLIC bitroll_status bitroll_kernels PRIVATE ${BITROLL_XXHASH_LIB})

@@ -5,13 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <random>
 
 #include "engine/invariance_checks.h"
+#include "engine/loaders/hf.h"
 #include "engine/loaders/llama2c.h"
+#include "engine/make_model_hf.h"
 #include "engine/tokenizers/llama2c_tokenizer.h"
 
 namespace bitroll::testing_util {
@@ -37,6 +40,34 @@ std::shared_ptr<const engine::ModelWeights> Stories260K() {
     cached = std::make_shared<const engine::ModelWeights>(std::move(w).value());
   }
   return cached;
+}
+
+std::shared_ptr<const engine::ModelWeights> HfShapeModel(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const engine::ModelWeights>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(name);
+  if (it != cache.end()) return it->second;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("bitroll_shape_" + std::to_string(::getpid()) + "_" + name);
+  Result<engine::HfModelShape> shape = engine::NamedHfShape(name);
+  if (!shape.ok()) {
+    ADD_FAILURE() << shape.status().ToString();
+    return nullptr;
+  }
+  if (Status s = engine::WriteRandomHfModel(*shape, 7, dir.string()); !s.ok()) {
+    ADD_FAILURE() << s.ToString();
+    return nullptr;
+  }
+  Result<engine::ModelWeights> w = engine::LoadHuggingFace(dir.string());
+  std::filesystem::remove_all(dir);  // the mapping stays valid
+  if (!w.ok()) {
+    ADD_FAILURE() << w.status().ToString();
+    return nullptr;
+  }
+  auto p = std::make_shared<const engine::ModelWeights>(std::move(w).value());
+  cache[name] = p;
+  return p;
 }
 
 std::unique_ptr<engine::Tokenizer> Tok512() {

@@ -37,6 +37,10 @@ struct EngineSetup {
                           kernels::ThreadPool*) = nullptr;
 };
 
+// make-model's Hugging Face shape `name` (engine/make_model_hf.h, seed 7), written once per
+// process and loaded; nullptr (and a test failure) on error.
+std::shared_ptr<const engine::ModelWeights> HfShapeModel(const std::string& name);
+
 std::unique_ptr<engine::CpuEngine> MakeEngine(
     const EngineSetup& setup, std::shared_ptr<const engine::ModelWeights> w = nullptr);
 

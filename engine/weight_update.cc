@@ -98,6 +98,22 @@ void ForEachSlot(W& w, Fn&& fn) {
     fn(p + n.layer.w1, &L.w1);
     fn(p + n.layer.w2, &L.w2);
     fn(p + n.layer.w3, &L.w3);
+    // Qwen3 QK-norm and mixture-of-experts slots (absent in dense Llama-family models). Experts
+    // take transformers' per-expert names in every family.
+    const bool gguf = &n == &NamesOf(Family::kGguf);
+    fn(p + (gguf ? ".attn_q_norm.weight" : ".self_attn.q_norm.weight"), &L.q_norm);
+    fn(p + (gguf ? ".attn_k_norm.weight" : ".self_attn.k_norm.weight"), &L.k_norm);
+    fn(p + (gguf ? ".ffn_gate_inp.weight" : ".mlp.gate.weight"), &L.router);
+    for (size_t e = 0; e < L.experts.size(); ++e) {
+      const std::string x = p + ".mlp.experts." + std::to_string(e);
+      fn(x + ".gate_proj.weight", &L.experts[e].w1);
+      fn(x + ".down_proj.weight", &L.experts[e].w2);
+      fn(x + ".up_proj.weight", &L.experts[e].w3);
+    }
+    fn(p + ".mlp.shared_expert.gate_proj.weight", &L.shared_expert.w1);
+    fn(p + ".mlp.shared_expert.down_proj.weight", &L.shared_expert.w2);
+    fn(p + ".mlp.shared_expert.up_proj.weight", &L.shared_expert.w3);
+    fn(p + ".mlp.shared_expert_gate.weight", &L.shared_expert_gate);
   }
   fn(std::string(n.final_norm), &w.final_norm);
   fn(std::string(n.classifier), &w.classifier);

@@ -32,8 +32,11 @@
 namespace bitroll::engine {
 
 // One tensor of a model under its format's name, in the canonical order (the weights_hash order:
-// embedding; per layer attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w1, w2, w3; final norm;
-// classifier unless tied). Absent optional tensors (biases) are left out.
+// embedding; per layer attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w1, w2, w3, q_norm, k_norm,
+// router, each expert's w1, w2, w3, the shared expert's w1, w2, w3 and its gate; final norm;
+// classifier unless tied). Absent optional tensors (biases, dense models' MoE slots) are left
+// out. Experts are named as transformers names them
+// (model.layers.L.mlp.experts.E.{gate,down,up}_proj.weight) in every family.
 struct NamedTensor {
   std::string name;
   Tensor tensor;  // dtype and shape as served; data points into the ModelWeights

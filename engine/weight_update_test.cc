@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "engine/make_model.h"
 #include "engine/model_loader.h"
@@ -175,6 +176,47 @@ TEST(WeightUpdateTest, TiedClassifierNameIsAcceptedAndIgnored) {
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_TRUE(SameBytes(w->token_embedding, e));
   EXPECT_EQ(w->classifier.data, w->token_embedding.data);
+}
+
+// Mixture-of-experts models: QK-norm, router and expert tensors are named as transformers names
+// them, a single expert updates by name, and an engine serving the model picks it up.
+TEST(WeightUpdateTest, ExpertTensorsUpdateByName) {
+  auto a = testing_util::HfShapeModel("qwen3-moe-tiny");
+  ASSERT_TRUE(a);
+  const auto m = TensorManifest(*a);
+  std::set<std::string> names;
+  for (const NamedTensor& t : m) names.insert(t.name);
+  for (const char* n : {"model.layers.0.self_attn.q_norm.weight", "model.layers.1.mlp.gate.weight",
+                        "model.layers.1.mlp.experts.7.down_proj.weight",
+                        "model.layers.0.mlp.experts.0.gate_proj.weight"}) {
+    EXPECT_EQ(names.count(n), 1u) << n;
+  }
+  // Embedding; per layer 2 norms, q, k, v, o, q_norm, k_norm, the router and 8 x 3 expert
+  // tensors; final norm and head.
+  EXPECT_EQ(m.size(), 1u + 2u * (9u + 24u) + 2u);
+  const Tensor& down = a->layers[1].experts[7].w2;
+  std::vector<float> changed(static_cast<const float*>(down.data),
+                             static_cast<const float*>(down.data) + down.numel());
+  for (float& v : changed) v = -v;
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(changed.data()),
+                                       changed.size() * 4);
+  WeightStager st(a);
+  ASSERT_TRUE(st.Put({"model.layers.1.mlp.experts.7.down_proj.weight", kernels::DType::kF32,
+                      down.shape, 0, bytes})
+                  .ok());
+  auto w = st.Finish(false);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_NE(w->weights_hash, a->weights_hash);
+  EXPECT_EQ(std::memcmp(w->layers[1].experts[7].w2.data, changed.data(), changed.size() * 4), 0);
+  EXPECT_EQ(w->layers[1].experts[6].w2.data, a->layers[1].experts[6].w2.data);  // shared
+  // Served: a sampled trajectory changes once the update is installed.
+  auto e = MakeEngine({}, a);
+  ASSERT_NE(e, nullptr);
+  engine::SequenceRequest r = testing_util::Target(1, Sampled());
+  const auto before = RunAll(*e, {r})[1];
+  ASSERT_TRUE(e->InstallWeights(std::make_shared<const ModelWeights>(std::move(*w)), 2).ok());
+  const auto after = RunAll(*e, {r})[1];
+  EXPECT_FALSE(SameTrajectory(before, after));
 }
 
 struct BadCase {

@@ -1,6 +1,7 @@
 #include "engine/cpu_engine.h"
 #include "engine/invariance_break.h"
 #include "engine/model_loader.h"
+#include "engine/routing.h"
 
 #include <algorithm>
 #include <chrono>
@@ -194,6 +195,7 @@ Status CpuEngine::Add(SequenceRequest r) {
   s->n_known = static_cast<int32_t>(s->tokens.size());
   s->arrival = arrivals_++;
   s->versions.push_back({0, weight_version_});
+  if (!backend_->config().is_moe()) r.return_routing = false;  // dense: nothing to record
   s->req = std::move(r);
   const uint64_t id = s->req.id;
   live_.emplace(id, std::move(s));
@@ -272,6 +274,17 @@ Result<StepResult> CpuEngine::Step() {
   if (!rows_.empty()) {
     logits_.resize(static_cast<size_t>(n_logits * info_.vocab_size));
     BR_RETURN_IF_ERROR(backend_->Forward(rows_, cache_.get(), logits_.data()));
+    if (const int32_t* ids = backend_->route_ids(); ids != nullptr) {  // engine/routing.h
+      const ModelConfig& mc = backend_->config();
+      const int32_t per = mc.n_layers * mc.n_experts_per_tok;
+      size_t row = 0;
+      for (const ScheduledChunk& c : chunks) {
+        for (int32_t p = c.begin; p < c.begin + c.count; ++p, ++row) {
+          if (!c.seq->req.return_routing) continue;
+          RecordRoutes(c.seq, p, ids + row * per, backend_->route_weights() + row * per, per);
+        }
+      }
+    }
   }
   // Consume logits in row order; account costs.
   const double seconds =
@@ -335,6 +348,10 @@ Result<StepResult> CpuEngine::Step() {
     o.error = s->error;
     o.cost = s->cost;
     o.versions = std::move(s->versions);
+    if (s->req.return_routing) {
+      o.routing = TakeRoutes(s.get(), backend_->config(),
+                             s->n_prompt + static_cast<int64_t>(o.tokens.size()) - 1);
+    }
     out.finished.push_back(std::move(o));
   }
   done_.clear();

@@ -67,6 +67,11 @@ class ForwardBackend {
   // max_seq_len; backend failures (kInternal, kUnavailable) for device errors.
   virtual Status Forward(std::span<const ForwardRow> rows, KvCache* cache, float* logits) = 0;
 
+  // Mixture-of-experts backends: the routes of the last Forward's rows, [rows][n_layers][k]
+  // expert ids and fp32 weights in slot order (engine/moe.h); nullptr for dense models.
+  virtual const int32_t* route_ids() const { return nullptr; }
+  virtual const float* route_weights() const { return nullptr; }
+
   // Forces an attention kernel (tests); kAuto chooses by load. Never changes a bit.
   virtual void set_attention_kernel(kernels::AttentionKernel k) = 0;
 

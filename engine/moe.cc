@@ -111,7 +111,7 @@ void MoeFfn::Ensure(int64_t n) {
 }
 
 void MoeFfn::Forward(const MoeRunOptions& o, int32_t layer, const float* x, int64_t n, float* out,
-                     int32_t* route_ids, float* route_weights) {
+                     int32_t* route_ids, float* route_weights, int64_t route_stride) {
   if (n == 0) return;
   Ensure(n);
   const Layer& L = layers_[size_t(layer)];
@@ -191,8 +191,15 @@ void MoeFfn::Forward(const MoeRunOptions& o, int32_t layer, const float* x, int6
       for (int64_t i = 0; i < dim; ++i) y[i] = std::fma(g, ys[i], y[i]);
     }
   }
-  if (route_ids != nullptr) std::memcpy(route_ids, ids_.data(), n * k * sizeof(int32_t));
-  if (route_weights != nullptr) std::memcpy(route_weights, weights_.data(), n * k * sizeof(float));
+  const int64_t stride = route_stride > 0 ? route_stride : k;
+  for (int64_t r = 0; r < n; ++r) {
+    if (route_ids != nullptr) {
+      std::memcpy(route_ids + r * stride, ids_.data() + r * k, k * sizeof(int32_t));
+    }
+    if (route_weights != nullptr) {
+      std::memcpy(route_weights + r * stride, weights_.data() + r * k, k * sizeof(float));
+    }
+  }
 }
 
 }  // namespace bitroll::engine

@@ -51,9 +51,10 @@ class MoeFfn {
   static Result<std::unique_ptr<MoeFfn>> Create(const ModelWeights& w, kernels::DType storage);
 
   // out[r] = MoE(x[r]) for layer `layer`, rows r < n (x and out are [n][dim], distinct). When
-  // route_ids / route_weights are non-null, writes [n][k] expert ids and weights in slot order.
+  // route_ids / route_weights are non-null, writes row r's k expert ids and weights, in slot
+  // order, at [r * route_stride, r * route_stride + k) (route_stride 0 = k).
   void Forward(const MoeRunOptions& o, int32_t layer, const float* x, int64_t n, float* out,
-               int32_t* route_ids, float* route_weights);
+               int32_t* route_ids, float* route_weights, int64_t route_stride = 0);
 
  private:
   struct Expert {

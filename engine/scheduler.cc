@@ -102,7 +102,9 @@ void Scheduler::Attach(Sequence* s, const std::vector<Sequence*>& order) {
   const int32_t bs = kv_->block_size();
   const int32_t n_tokens = static_cast<int32_t>(s->tokens.size());
   // Rows [cap, ...) must run; the block holding row `cap` may still be shared (copy-on-write).
-  const int32_t cap = s->FirstLogitsRow();
+  int32_t cap = s->FirstLogitsRow();
+  // A sequence recording its routes reuses only positions it has routed itself (routing.h).
+  if (s->req.return_routing) cap = std::min(cap, s->n_routed);
   const size_t max_blocks = static_cast<size_t>(cap / bs + 1);
   std::vector<int32_t> blocks =
       prefix_->Match(s->tokens, std::min<int32_t>(n_tokens, static_cast<int32_t>(max_blocks) * bs));

@@ -28,6 +28,11 @@ struct Sequence {
   Status error;
   Cost cost;
   std::vector<SequenceOutput::VersionSpan> versions;
+  // Routing records (req.return_routing on a MoE model, engine/routing.h): positions
+  // [0, n_routed) have their routes, [n_layers][k] per position.
+  std::vector<uint16_t> route_ids;
+  std::vector<float> route_weights;
+  int32_t n_routed = 0;
 
   // Rows still to run through the model before the next token can be chosen.
   int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_cached; }

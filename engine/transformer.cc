@@ -136,6 +136,8 @@ void Transformer::EnsureScratch(int64_t rows) {
   h13_.resize(rows * 2 * hidden);
   hb_.resize(rows * hidden);
   positions_.resize(rows);
+  route_ids_.resize(rows * c.n_layers * c.n_experts_per_tok);
+  route_weights_.resize(rows * c.n_layers * c.n_experts_per_tok);
   tables_.resize(rows);
 }
 
@@ -258,7 +260,9 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     if (moe_ != nullptr) {
       MoeRunOptions mo{isa, opt_.pool, opt_.matmul_override, opt_.expert_matmul_override};
       if (mo.expert_matmul == nullptr) mo.expert_matmul = opt_.matmul_override;
-      moe_->Forward(mo, l, xb_.data(), n, tmp_.data(), nullptr, nullptr);
+      const int64_t k = c.n_experts_per_tok;
+      moe_->Forward(mo, l, xb_.data(), n, tmp_.data(), route_ids_.data() + l * k,
+                    route_weights_.data() + l * k, c.n_layers * k);
     } else {
       matmul(xb_.data(), dim, *L.w13, nullptr, h13_.data(), 2 * hidden);
       RowOp(n, [&](int64_t r) {

@@ -88,6 +88,8 @@ class Transformer final : public ForwardBackend {
   const ModelWeights& weights() const { return *w_; }
   const TransformerOptions& options() const { return opt_; }
   void set_attention_kernel(kernels::AttentionKernel k) override { opt_.attention = k; }
+  const int32_t* route_ids() const override { return moe_ ? route_ids_.data() : nullptr; }
+  const float* route_weights() const override { return moe_ ? route_weights_.data() : nullptr; }
   // Transformer::Create(weights, options()).
   Result<std::unique_ptr<ForwardBackend>> WithWeights(
       std::shared_ptr<const ModelWeights> weights) const override;
@@ -129,6 +131,8 @@ class Transformer final : public ForwardBackend {
   int64_t capacity_ = 0;
   std::vector<float> x_, xb_, qkv_, q_, att_, tmp_, h13_, hb_;
   std::vector<int32_t> positions_;
+  std::vector<int32_t> route_ids_;  // MoE: [rows][n_layers][k] of the last Forward
+  std::vector<float> route_weights_;
   std::vector<const int32_t*> tables_;
 };
 

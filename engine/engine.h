@@ -30,21 +30,8 @@ struct StopParams {
   bool stop_at_bos = true;        // llama2.c convention: sampling BOS stops (BOS is not emitted)
 };
 
-// The routing record of a mixture-of-experts trajectory (SequenceRequest::return_routing): for
-// every position that entered the model (the prompt and every generated token but the last), per
-// MoE layer, the top-k expert ids and their fp32 routing weights in slot order (engine/moe.h).
-// Layout [positions][n_layers][k]. Empty for dense models and when not requested.
-struct RoutingRecord {
-  int32_t n_layers = 0;
-  int32_t k = 0;
-  int32_t n_experts = 0;
-  std::vector<uint16_t> expert_ids;  // ModelConfig::Validate caps n_experts at 65535
-  std::vector<float> weights;
-  int64_t positions() const {
-    return n_layers * k == 0 ? 0 : static_cast<int64_t>(expert_ids.size()) / (n_layers * k);
-  }
-  bool empty() const { return expert_ids.empty(); }
-};
+// RoutingRecord (schema/vocab.h): what SequenceRequest::return_routing returns.
+using ::bitroll::RoutingRecord;
 
 struct SequenceRequest {
   uint64_t id = 0;              // chosen by the caller; unique among live sequences

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "schema/wal_translate.h"
 #include "schema/wire_translate.h"
@@ -202,6 +203,70 @@ TEST(WalTranslate, EnumsRoundTripEveryValueThroughTheirRecords) {
     const auto* c = Reread(fbb, wal::fb::CreateToolCall(fbb, 0, 0, 0, TierToLog(t)));
     EXPECT_EQ(c->tier(), i);
     EXPECT_EQ(TierFromLog(c->tier()), t);
+  }
+}
+
+// A routing record with every weight bit pattern class in play: 3 positions x 2 layers x top-2.
+RoutingRecord RoutingCase(int32_t n_experts) {
+  RoutingRecord r;
+  r.n_layers = 2;
+  r.k = 2;
+  r.n_experts = n_experts;
+  for (int i = 0; i < 12; ++i) {
+    r.expert_ids.push_back(static_cast<uint16_t>((i * 37 + 5) % n_experts));
+    r.weights.push_back(FloatOf(0x3F3504F3u + uint32_t(i)));
+  }
+  r.weights[3] = FloatOf(0x00000001u);  // a denormal survives
+  return r;
+}
+
+void ExpectSame(const RoutingRecord& a, const RoutingRecord& b) {
+  EXPECT_EQ(a.n_layers, b.n_layers);
+  EXPECT_EQ(a.k, b.k);
+  EXPECT_EQ(a.n_experts, b.n_experts);
+  EXPECT_EQ(a.expert_ids, b.expert_ids);
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  EXPECT_EQ(std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * 4), 0);
+}
+
+// Ids travel in one byte up to 256 experts and in two above; wire and log read back every bit,
+// and a record whose lengths or ids are inconsistent is kCorruption, not a silent misread.
+TEST(RoutingTranslate, RoundTripsInTheSmallestIdTypeOnWireAndLog) {
+  for (int32_t experts : {8, 256, 257, 65535}) {
+    const RoutingRecord r = RoutingCase(experts);
+    flatbuffers::FlatBufferBuilder fbb;
+    const wire::Routing* w = Reread(fbb, RoutingToWire(fbb, r));
+    EXPECT_EQ(w->ids_u8() != nullptr, experts <= 256) << experts;
+    EXPECT_EQ(w->ids_u16() != nullptr, experts > 256) << experts;
+    Result<RoutingRecord> back = RoutingFromWire(w);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ExpectSame(*back, r);
+    EXPECT_EQ(back->positions(), 3);
+    flatbuffers::FlatBufferBuilder lb;
+    Result<RoutingRecord> logged = RoutingFromLog(Reread(lb, RoutingToLog(lb, r)));
+    ASSERT_TRUE(logged.ok()) << logged.status().ToString();
+    ExpectSame(*logged, r);
+  }
+  EXPECT_TRUE(RoutingFromWire(nullptr)->empty());
+  // One byte per id up to 256 experts: 12 ids + 48 weight bytes in the vectors.
+  EXPECT_EQ(RoutingIdBytes(256), 1);
+  EXPECT_EQ(RoutingIdBytes(257), 2);
+  // Corrupt records.
+  const std::vector<uint8_t> ids = {1, 2, 3, 9};
+  const std::vector<float> w4 = {0.5f, 0.5f, 0.5f, 0.5f}, w3 = {0.5f, 0.5f, 0.5f};
+  struct Bad {
+    const char* what;
+    uint16_t layers, k;
+    uint32_t experts;
+    const std::vector<float>* weights;
+  };
+  for (const Bad& b : {Bad{"id out of range", 1, 2, 8, &w4}, Bad{"weights short", 1, 2, 16, &w3},
+                       Bad{"not a multiple", 1, 3, 16, &w4}}) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto bad = wire::CreateRouting(fbb, b.layers, b.k, b.experts, fbb.CreateVector(ids), 0,
+                                   fbb.CreateVector(*b.weights));
+    Result<RoutingRecord> r = RoutingFromWire(Reread(fbb, bad));
+    EXPECT_EQ(r.status().code(), ErrorCode::kCorruption) << b.what;
   }
 }
 

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "schema/status.h"
 
@@ -106,6 +107,33 @@ struct Cost {
     price_usd += o.price_usd;
   }
 };
+
+// The routing record of a mixture-of-experts trajectory (a request's return_routing): for every
+// position that entered the model (the prompt, then every generated token but the last), per MoE
+// layer, the top-k expert ids and their fp32 routing weights in slot order (engine/moe.h).
+// Layout [positions][n_layers][k]. Empty for dense models and when not requested.
+//
+// On the wire and in the log (rollout.fbs / wal.fbs table Routing) ids take the smallest integer
+// type that fits n_experts: one byte up to 256 experts, else two. Bytes per position:
+// n_layers * k * (RoutingIdBytes(n_experts) + 4); e.g. Qwen3-30B-A3B (48 layers, top-8 of 128):
+// 384 B of ids + 1,536 B of weights = 1,920 B (vLLM's int16 [tokens, layers, k] ids: 768 B,
+// without weights).
+struct RoutingRecord {
+  int32_t n_layers = 0;
+  int32_t k = 0;
+  int32_t n_experts = 0;
+  std::vector<uint16_t> expert_ids;  // n_experts <= 65535
+  std::vector<float> weights;        // fp32 bits as the router computed them
+  int64_t positions() const {
+    return n_layers * k == 0 ? 0 : static_cast<int64_t>(expert_ids.size()) / (n_layers * k);
+  }
+  bool empty() const { return expert_ids.empty(); }
+};
+
+// Bytes of one expert id on the wire and in the log: 1 when n_experts <= 256, else 2.
+constexpr int RoutingIdBytes(int32_t n_experts) {
+  return n_experts <= 256 ? 1 : 2;
+}
 
 // Why a sequence stopped. Stored in the WAL (one byte) and sent on the wire.
 enum class FinishReason : uint8_t {

@@ -46,6 +46,15 @@ NumericsFingerprint FingerprintFromLog(const fb::NumericsFingerprint* f) {
   return translate_internal::FingerprintFrom(f);
 }
 
+flatbuffers::Offset<fb::Routing> RoutingToLog(flatbuffers::FlatBufferBuilder& fbb,
+                                              const RoutingRecord& r) {
+  return translate_internal::RoutingTo(fbb, r, fb::CreateRouting);
+}
+
+Result<RoutingRecord> RoutingFromLog(const fb::Routing* r) {
+  return translate_internal::RoutingFrom(r);
+}
+
 uint8_t FinishToLog(FinishReason r) {
   return static_cast<uint8_t>(r);
 }

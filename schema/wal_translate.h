@@ -27,6 +27,12 @@ flatbuffers::Offset<wal::fb::NumericsFingerprint> FingerprintToLog(
     flatbuffers::FlatBufferBuilder& fbb, const NumericsFingerprint& f);
 NumericsFingerprint FingerprintFromLog(const wal::fb::NumericsFingerprint* f);  // zeros if null
 
+// RoutingRecord <-> wal::fb::Routing (stored in the Finished record). Errors as
+// RoutingFromWire.
+flatbuffers::Offset<wal::fb::Routing> RoutingToLog(flatbuffers::FlatBufferBuilder& fbb,
+                                                   const RoutingRecord& r);
+Result<RoutingRecord> RoutingFromLog(const wal::fb::Routing* r);
+
 uint8_t FinishToLog(FinishReason r);
 FinishReason FinishFromLog(uint8_t r);  // any byte passes through (the log is checksummed)
 uint8_t TierToLog(ToolTier t);

@@ -94,6 +94,15 @@ Cost CostFromWire(const wire::Cost* c) {
   return r;
 }
 
+flatbuffers::Offset<wire::Routing> RoutingToWire(flatbuffers::FlatBufferBuilder& fbb,
+                                                 const RoutingRecord& r) {
+  return translate_internal::RoutingTo(fbb, r, wire::CreateRouting);
+}
+
+Result<RoutingRecord> RoutingFromWire(const wire::Routing* r) {
+  return translate_internal::RoutingFrom(r);
+}
+
 wire::FinishReason FinishToWire(FinishReason r) {
   return static_cast<wire::FinishReason>(r);
 }

@@ -39,6 +39,12 @@ NumericsFingerprint FingerprintFromWire(const wire::Fingerprint* f);  // zeros w
 flatbuffers::Offset<wire::Cost> CostToWire(flatbuffers::FlatBufferBuilder& fbb, const Cost& c);
 Cost CostFromWire(const wire::Cost* c);  // zeros when null
 
+// RoutingRecord <-> wire::Routing (ids in the smallest type that fits, schema/vocab.h).
+flatbuffers::Offset<wire::Routing> RoutingToWire(flatbuffers::FlatBufferBuilder& fbb,
+                                                 const RoutingRecord& r);
+// An empty record when null. Errors: kCorruption for inconsistent lengths or an id out of range.
+Result<RoutingRecord> RoutingFromWire(const wire::Routing* r);
+
 wire::FinishReason FinishToWire(FinishReason r);
 // Values outside the mirror pass through unchanged (a newer peer's reason; never produced here).
 FinishReason FinishFromWire(wire::FinishReason r);

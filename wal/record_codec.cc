@@ -130,10 +130,14 @@ std::string EncodeToolResult(const ToolResult& r) {
   return Frame(RecordType::kToolResult, b, body.Union());
 }
 
-std::string EncodeFinish(FinishReason reason, std::string_view error) {
-  flatbuffers::FlatBufferBuilder b(64 + error.size());
+std::string EncodeFinish(FinishReason reason, std::string_view error,
+                         const RoutingRecord* routing) {
+  const bool routed = routing != nullptr && !routing->empty();
+  flatbuffers::FlatBufferBuilder b(64 + error.size() + (routed ? routing->weights.size() * 6 : 0));
   auto e = b.CreateString(error.data(), error.size());
-  auto body = fb::CreateFinished(b, FinishToLog(reason), e);
+  flatbuffers::Offset<fb::Routing> r;
+  if (routed) r = RoutingToLog(b, *routing);
+  auto body = fb::CreateFinished(b, FinishToLog(reason), e, r);
   return Frame(RecordType::kFinish, b, body.Union());
 }
 
@@ -338,7 +342,9 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
     }
     case fb::RecordBody::Finished: {
       const fb::Finished* f = rec->body_as_Finished();
-      log_.finish = FinishRecord{FinishFromLog(f->reason()), Str(f->error())};
+      Result<RoutingRecord> routing = RoutingFromLog(f->routing());
+      if (!routing.ok()) return bad(routing.status().message());
+      log_.finish = FinishRecord{FinishFromLog(f->reason()), Str(f->error()), std::move(*routing)};
       break;
     }
     case fb::RecordBody::Acked:

@@ -30,7 +30,8 @@ std::string EncodeTokens(uint32_t first_index, std::span<const int32_t> ids,
 std::string EncodeTurnBoundary(const TurnBoundary& b);
 std::string EncodeToolCall(const ToolCall& c);
 std::string EncodeToolResult(const ToolResult& r);
-std::string EncodeFinish(FinishReason reason, std::string_view error);
+std::string EncodeFinish(FinishReason reason, std::string_view error,
+                         const RoutingRecord* routing = nullptr);
 std::string EncodeGroup(uint64_t group_id, std::string_view request);
 std::string EncodeAcked(uint64_t unix_ms);
 

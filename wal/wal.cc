@@ -529,13 +529,14 @@ Status Wal::AppendToolResult(uint64_t traj, const ToolResult& result) {
   return Status::Ok();
 }
 
-Status Wal::AppendFinish(uint64_t traj, FinishReason reason, std::string_view error) {
+Status Wal::AppendFinish(uint64_t traj, FinishReason reason, std::string_view error,
+                         const RoutingRecord* routing) {
   Impl& w = *impl_;
   std::lock_guard<std::mutex> l(w.mu);
   TrajState* s = nullptr;
   BR_RETURN_IF_ERROR(w.CheckAppendable(traj, &s));
   s->finished = true;
-  w.Push(MakeOp(Op::kPutTraj, traj, s->next_seq++, internal::EncodeFinish(reason, error)));
+  w.Push(MakeOp(Op::kPutTraj, traj, s->next_seq++, internal::EncodeFinish(reason, error, routing)));
   return Status::Ok();
 }
 

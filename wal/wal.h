@@ -169,6 +169,7 @@ struct ToolResult {
 struct FinishRecord {
   FinishReason reason = FinishReason::kNone;
   std::string error;
+  RoutingRecord routing;  // the trajectory's routing record (MoE, when asked); empty otherwise
 };
 
 struct ToolCallLog {
@@ -257,8 +258,10 @@ class Wal {
   Status AppendToolCall(uint64_t traj, const ToolCall& call);
   // REQUIRES: a logged call with this call_index and no result yet.
   Status AppendToolResult(uint64_t traj, const ToolResult& result);
-  // The last record of a trajectory; afterwards only Acknowledge/Discard apply.
-  Status AppendFinish(uint64_t traj, FinishReason reason, std::string_view error);
+  // The last record of a trajectory; afterwards only Acknowledge/Discard apply. `routing` (may be
+  // null or empty) is stored in it: a recovered trajectory keeps its full routing record.
+  Status AppendFinish(uint64_t traj, FinishReason reason, std::string_view error,
+                      const RoutingRecord* routing = nullptr);
 
   // Accepted-but-unstarted work. REQUIRES: group_id not pending.
   Status AppendGroup(uint64_t group_id, std::string_view request);

@@ -3,7 +3,9 @@
 #include "wal/wal.h"
 
 #include <gtest/gtest.h>
+
 #include <lmdb.h>
+#include <bit>
 
 #include <atomic>
 #include <chrono>
@@ -114,6 +116,55 @@ TEST(Wal, RoundTripsEveryRecordTypeBitExact) {
   EXPECT_TRUE(w->IsDurable(7, rr.finished[0].records - 1));
   EXPECT_FALSE(w->IsDurable(7, rr.finished[0].records));
   EXPECT_EQ(w->TrajectoryBytes(7), rr.finished[0].bytes);
+}
+
+// The Finished record keeps a trajectory's routing record bit for bit (ids in one byte up to 256
+// experts, two above); a trajectory without one reads back empty.
+TEST(Wal, FinishedRecordKeepsTheRoutingRecord) {
+  TempDir dir("wal_routing");
+  std::vector<RoutingRecord> routes;
+  for (int32_t experts : {8, 300}) {
+    RoutingRecord r;
+    r.n_layers = 3;
+    r.k = 2;
+    r.n_experts = experts;
+    for (int i = 0; i < 5 * 6; ++i) {
+      r.expert_ids.push_back(static_cast<uint16_t>((i * 7 + 1) % experts));
+      r.weights.push_back(std::bit_cast<float>(0x3E800000u + uint32_t(i) * 977u));
+    }
+    routes.push_back(r);
+  }
+  {
+    auto w = OpenAndRecover(Opts(dir.path(), Durability::kSyncEveryCommit));
+    ASSERT_NE(w, nullptr);
+    for (uint64_t traj : {1, 2, 3}) {
+      TrajectoryLog expect;
+      ASSERT_TRUE(w->AppendHeader(traj, MakeHeader(traj)).ok());
+      AppendTokenRange(*w, traj, 0, 6, 4, 1, &expect);
+      const RoutingRecord* r = traj < 3 ? &routes[traj - 1] : nullptr;
+      ASSERT_TRUE(w->AppendFinish(traj, FinishReason::kLength, "", r).ok());
+    }
+    ASSERT_TRUE(w->Flush().ok());
+  }
+  RecoveryResult rr;
+  auto w = OpenAndRecover(Opts(dir.path()), &rr);
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(rr.finished.size(), 3u);
+  for (const TrajectoryLog& t : rr.finished) {
+    ASSERT_TRUE(t.finish.has_value());
+    const RoutingRecord& got = t.finish->routing;
+    if (t.id == 3) {
+      EXPECT_TRUE(got.empty());
+      continue;
+    }
+    const RoutingRecord& want = routes[t.id - 1];
+    EXPECT_EQ(got.n_layers, want.n_layers);
+    EXPECT_EQ(got.k, want.k);
+    EXPECT_EQ(got.n_experts, want.n_experts);
+    EXPECT_EQ(got.expert_ids, want.expert_ids);
+    ASSERT_EQ(got.weights.size(), want.weights.size());
+    EXPECT_EQ(std::memcmp(got.weights.data(), want.weights.data(), want.weights.size() * 4), 0);
+  }
 }
 
 TEST(Wal, StatsCountExactlyTheBytesStoredInLmdb) {

@@ -3,6 +3,8 @@
 // field is refused with "missing FIELD" and never throws, ULP distances, the exit status rule.
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <cstring>
 #include <limits>
 #include <string>
@@ -77,6 +79,35 @@ TEST(AuditRecordTest, JsonRoundTripKeepsEveryBit) {
   ASSERT_TRUE(c.ok());
   EXPECT_NE(0, std::memcmp(c->logprob_bits.data(), a.logprob_bits.data(),
                            a.logprob_bits.size() * sizeof(uint32_t)));
+}
+
+// The routing record of a MoE trajectory travels in the audit record bit for bit; a malformed one
+// is a typed error; a record without one reads back without one.
+TEST(AuditRecordTest, RoutingRecordRoundTripsAndIsChecked) {
+  TrajectoryRecord a = Sample();
+  EXPECT_FALSE(RecordToJson(a).contains("routing"));
+  a.routing.n_layers = 2;
+  a.routing.k = 2;
+  a.routing.n_experts = 300;
+  for (int i = 0; i < 8; ++i) {
+    a.routing.expert_ids.push_back(static_cast<uint16_t>(i * 37 % 300));
+    a.routing.weights.push_back(std::bit_cast<float>(0x3F3504F3u + uint32_t(i)));
+  }
+  const nlohmann::json j = RecordToJson(a);
+  EXPECT_EQ(j["routing"]["shape"], nlohmann::json::array({2, 2, 2}));
+  Result<TrajectoryRecord> b = RecordFromJson(nlohmann::json::parse(j.dump()));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->routing.expert_ids, a.routing.expert_ids);
+  EXPECT_EQ(0, std::memcmp(b->routing.weights.data(), a.routing.weights.data(), 8 * 4));
+  EXPECT_EQ(b->routing.n_experts, 300);
+  for (const char* bad : {"id", "short", "shape"}) {
+    nlohmann::json k = j;
+    if (std::string(bad) == "id") k["routing"]["expert_ids"][0] = 300;
+    if (std::string(bad) == "short") k["routing"]["weight_bits"].erase(0);
+    if (std::string(bad) == "shape") k["routing"]["shape"] = {3, 2, 2};
+    Result<TrajectoryRecord> r = RecordFromJson(k);
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << bad;
+  }
 }
 
 TEST(AuditRecordTest, MissingFieldsAreNamedNeverThrown) {

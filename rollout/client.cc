@@ -52,6 +52,11 @@ TrajectoryResult FromWire(const wire::Trajectory& t) {
       r.tool_calls.push_back(std::move(o));
     }
   }
+  if (Result<RoutingRecord> routing = RoutingFromWire(t.routing()); routing.ok()) {
+    r.routing = std::move(*routing);
+  } else if (r.error.ok()) {
+    r.error = routing.status();
+  }
   return r;
 }
 
@@ -125,7 +130,7 @@ std::string EncodeSubmit(const SubmitRequest& q, uint64_t request_id, std::strin
   auto m = wire::CreateSubmitRollouts(fbb, q.group_id, pv, q.n, sp, q.seed, q.max_tokens,
                                       q.max_turns, stop_ids, stop_strings, q.stop_at_eos, tv,
                                       q.priority, tag, q.stream_tokens, open, close, q.tool_open_id,
-                                      q.tool_close_id, tmpl);
+                                      q.tool_close_id, tmpl, q.return_routing);
   FinishEnvelope(fbb, request_id, wire::Message_SubmitRollouts, m.Union(), client_id);
   return std::string(BufferView(fbb));
 }

@@ -71,6 +71,8 @@ struct SubmitRequest : SamplingParams {
   std::string tool_open, tool_close;
   int32_t tool_open_id = -1, tool_close_id = -1;
   std::string tool_result_template;  // empty: "\n<result>{output}</result>\n"
+  // MoE models: each trajectory carries its routing record (TrajectoryResult::routing).
+  bool return_routing = false;
 };
 
 // One tool call of a trajectory (wire::ToolCallInfo).
@@ -103,6 +105,9 @@ struct TrajectoryResult {
   Status error;
   std::vector<uint8_t> mask;  // 1 sampled, 0 injected (tool results; logprob 0.0)
   std::vector<ToolCallResult> tool_calls;
+  // SubmitRequest::return_routing on a MoE model: per position (the prompt, then every id but the
+  // last) and MoE layer, the top-k expert ids and fp32 weights (schema/vocab.h).
+  RoutingRecord routing;
 };
 
 struct TokenChunkResult {

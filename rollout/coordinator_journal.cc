@@ -217,7 +217,8 @@ void Coordinator::State::LogFinish(const Work& w, const wire::Trajectory& t, std
                             weight_version));
   }
   const std::string err = t.error() && t.error()->message() ? t.error()->message()->str() : "";
-  CheckWal(wal->LogFinish(w.id, t.finish(), err));
+  Result<RoutingRecord> routing = RoutingFromWire(t.routing());  // kept for recovery
+  CheckWal(wal->LogFinish(w.id, t.finish(), err, routing.ok() ? &*routing : nullptr));
   HeldDelivery d;
   d.traj = w.id;
   d.group_key = w.group->key;

@@ -33,6 +33,7 @@
 
 #ifdef BITROLL_HAVE_ENGINE
 #include "engine/engine.h"
+#include "engine/make_model_hf.h"
 #endif
 
 namespace bitroll::rollout {
@@ -60,10 +61,12 @@ SubmitRequest Batch(uint64_t seed, bool long_run = false) {
 // Which engine the serve children run. `real` is the trained stories260K model.
 struct EngineKind {
   bool real = false;
+  std::string model;  // real: a model path other than stories260K.bin (the MoE case)
+  std::string Model() const {
+    return model.empty() ? std::string(BITROLL_MODELS_DIR) + "/stories260K.bin" : model;
+  }
   std::vector<std::string> ServeArgs() const {
-    if (real) {
-      return {"--model", std::string(BITROLL_MODELS_DIR) + "/stories260K.bin", "--threads", "1"};
-    }
+    if (real) return {"--model", Model(), "--threads", "1"};
     return {"--engine", "null", "--null-delay-us", "20000"};
   }
 };
@@ -76,7 +79,7 @@ std::map<Key, Traj> Reference(const SubmitRequest& r, EngineKind kind = {}) {
   }
 #ifdef BITROLL_HAVE_ENGINE
   engine::EngineOptions o;
-  o.model_path = std::string(BITROLL_MODELS_DIR) + "/stories260K.bin";
+  o.model_path = kind.Model();
   auto e = engine::OpenEngine(o);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   if (!e.ok()) return {};
@@ -148,7 +151,7 @@ std::map<Key, Traj> RunWithKills(const SubmitRequest& req, int kills, const std:
         const auto& t = ev->trajectory;
         EXPECT_TRUE(t.error.ok()) << t.error.ToString();
         stats->wal_bytes += t.cost.wal_bytes;
-        got[{t.prompt_index, t.sample_index}] = {t.ids, t.logprobs};
+        got[{t.prompt_index, t.sample_index}] = {t.ids, t.logprobs, t.routing};
       } else if (ev->kind == Event::Kind::kTokenChunk) {
         const auto& ch = ev->chunk;
         int32_t& f = furthest[{ch.prompt_index, ch.sample_index}];
@@ -223,6 +226,42 @@ TEST(CrashTest, RealEngineWindowDurabilityIsBitIdentical) {
   EXPECT_EQ(st.kills, 5);
   EXPECT_EQ(CountDifferent(got, want), 0u);
 }
+
+#ifdef BITROLL_HAVE_ENGINE
+// A mixture-of-experts model (make-model's qwen3-moe-tiny) with routing records: 5 kill -9s, and
+// every trajectory's ids, logprobs and routing record (ids and weight bits) equal the
+// uninterrupted engine run's. Resumed trajectories re-prefill their logged tokens, finished ones
+// come back from the WAL's Finished record. Negative control: the routes of another seed differ.
+TEST(CrashTest, MoeRoutingRecordsSurviveKillNine) {
+  const std::string dir =
+      std::string(BITROLL_BINARY_DIR) + "/crash_test_moe_" + std::to_string(getpid());
+  auto shape = engine::NamedHfShape("qwen3-moe-tiny");
+  ASSERT_TRUE(shape.ok());
+  ASSERT_TRUE(engine::WriteRandomHfModel(*shape, 7, dir).ok());
+  EngineKind kind{true, dir};
+  SubmitRequest req = Batch(42, true);
+  req.return_routing = true;
+  const auto want = Reference(req, kind);
+  ASSERT_EQ(want.size(), 64u);
+  for (const auto& [k, t] : want) {
+    ASSERT_EQ(t.routing.positions(), int64_t(4 + t.ids.size() - 1)) << "no routing reference";
+  }
+  CrashStats st;
+  const auto got = RunWithKills(req, 5, "sync", kind, &st);
+  EXPECT_EQ(st.kills, 5);
+  EXPECT_GT(st.recovered, 0u);
+  ASSERT_EQ(got.size(), 64u);
+  EXPECT_EQ(CountDifferent(got, want), 0u);
+  size_t routed = 0;
+  for (const auto& [k, t] : got) routed += t.routing.empty() ? 0 : 1;
+  EXPECT_EQ(routed, 64u);
+  // Negative control: equal tokens with other routes are caught by the same comparison.
+  auto other = want;
+  other.begin()->second.routing.weights[3] += 1.0f;
+  EXPECT_EQ(CountDifferent(got, other), 1u);
+  std::filesystem::remove_all(dir);
+}
+#endif
 
 TEST(CrashTest, NullEngineKillNineTwentyTimesIsBitIdentical) {
   KillTwentyTimes(EngineKind{false});

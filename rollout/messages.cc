@@ -93,6 +93,14 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
     }
   }
   auto vs = fbb.CreateVectorOfStructs(spans);
+  // The routing record of the last turn covers the whole trajectory (its engine prompt holds every
+  // earlier turn). A malformed one from a replica is dropped, not forwarded.
+  flatbuffers::Offset<wire::Routing> routing;
+  if (t.routing()) {
+    if (Result<RoutingRecord> r = RoutingFromWire(t.routing()); r.ok()) {
+      routing = RoutingToWire(fbb, *r);
+    }
+  }
   flatbuffers::Offset<wire::Fingerprint> fp;
   if (const auto* f = t.fingerprint()) fp = FingerprintToWire(fbb, FingerprintFromWire(f));
   fbb.ForceDefaults(wal_bytes_slot);
@@ -122,6 +130,7 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
   if (!err.IsNull()) b.add_error(err);
   b.add_mask(mask);
   if (!calls.IsNull()) b.add_tool_calls(calls);
+  if (!routing.IsNull()) b.add_routing(routing);
   auto off = b.Finish();
   FinishEnvelope(fbb, 0, wire::Message_Trajectory, off.Union());
 }
@@ -192,7 +201,7 @@ flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder
                               sh.sampling, m.seed(), turn ? turn->max_tokens : m.max_tokens(),
                               sh.stop, m.stop_at_eos(), m.priority(), m.stream_tokens() || stream,
                               forced_ids, context, inject, sh.open, sh.close, m.tool_open_id(),
-                              m.tool_close_id(), sh.stops);
+                              m.tool_close_id(), sh.stops, m.return_routing());
 }
 
 }  // namespace bitroll::rollout

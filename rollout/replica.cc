@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -336,6 +337,7 @@ class ReplicaLoop {
     if (w.stop_ids()) req.stop.stop_ids.assign(w.stop_ids()->begin(), w.stop_ids()->end());
     // Resume (WAL): the logged tokens are re-prefilled and re-scored, then decoding continues.
     if (w.forced_ids()) req.forced.assign(w.forced_ids()->begin(), w.forced_ids()->end());
+    req.return_routing = w.return_routing();
     ItemMeta meta;
     meta.group_id = w.group_id();
     meta.prompt_index = w.prompt_index();
@@ -491,6 +493,16 @@ class ReplicaLoop {
     }
     auto ids = fbb.CreateVector(toks.data(), toks.size());
     auto lps = fbb.CreateVector(lpv.data(), lpv.size());
+    flatbuffers::Offset<wire::Routing> routing;
+    if (!out.routing.empty()) {
+      // A turn cut at a tool call or stop string keeps the routes of the positions it keeps.
+      RoutingRecord r = out.routing;
+      const int64_t drop = static_cast<int64_t>(out.tokens.size() - toks.size());
+      const size_t keep = static_cast<size_t>(std::max<int64_t>(0, r.positions() - drop));
+      r.expert_ids.resize(keep * r.n_layers * r.k);
+      r.weights.resize(keep * r.n_layers * r.k);
+      routing = RoutingToWire(fbb, r);
+    }
     auto vs = fbb.CreateVectorOfStructs(spans);
     flatbuffers::Offset<flatbuffers::Vector<int32_t>> inj;
     if (!m.injected.empty()) inj = fbb.CreateVector(m.injected);
@@ -513,6 +525,7 @@ class ReplicaLoop {
     b.add_work_id(out.id);
     if (!call.IsNull()) b.add_tool_call(call);
     if (!inj.IsNull()) b.add_injected_ids(inj);
+    if (!routing.IsNull()) b.add_routing(routing);
     return b.Finish();
   }
 

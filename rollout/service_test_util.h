@@ -127,10 +127,16 @@ using SampleKey = std::pair<uint32_t, uint32_t>;
 struct SampleOutput {
   std::vector<int32_t> ids;
   std::vector<float> lps;
-  bool operator==(const SampleOutput& o) const {  // memcmp: ids and logprob bits
+  RoutingRecord routing;                          // when the request asked for it (MoE models)
+  bool operator==(const SampleOutput& o) const {  // memcmp: ids, logprob and routing bits
     return ids.size() == o.ids.size() && lps.size() == o.lps.size() &&
            std::memcmp(ids.data(), o.ids.data(), 4 * ids.size()) == 0 &&
-           std::memcmp(lps.data(), o.lps.data(), 4 * lps.size()) == 0;
+           std::memcmp(lps.data(), o.lps.data(), 4 * lps.size()) == 0 &&
+           routing.n_layers == o.routing.n_layers && routing.k == o.routing.k &&
+           routing.expert_ids == o.routing.expert_ids &&
+           routing.weights.size() == o.routing.weights.size() &&
+           std::memcmp(routing.weights.data(), o.routing.weights.data(),
+                       4 * routing.weights.size()) == 0;
   }
 };
 
@@ -151,6 +157,7 @@ inline std::map<SampleKey, SampleOutput> RunDirect(engine::Engine& e, const Subm
       q.sampling.seed = r.seed;
       q.stop.max_tokens = r.max_tokens;
       q.stop.stop_at_eos = r.stop_at_eos;
+      q.return_routing = r.return_routing;
       EXPECT_TRUE(e.Add(q).ok());
       keys[id++] = {p, j};
     }
@@ -160,7 +167,7 @@ inline std::map<SampleKey, SampleOutput> RunDirect(engine::Engine& e, const Subm
     auto s = e.Step();
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) break;
-    for (auto& f : s->finished) out[keys[f.id]] = {f.tokens, f.logprobs};
+    for (auto& f : s->finished) out[keys[f.id]] = {f.tokens, f.logprobs, f.routing};
   }
   return out;
 }

@@ -238,6 +238,15 @@ nlohmann::json RecordToJson(const TrajectoryRecord& r) {
     calls.push_back(std::move(jc));
   }
   j["tool_calls"] = std::move(calls);
+  if (!r.routing.empty()) {
+    std::vector<std::string> wbits;
+    wbits.reserve(r.routing.weights.size());
+    for (float w : r.routing.weights) wbits.push_back(Hex32(std::bit_cast<uint32_t>(w)));
+    j["routing"] = {{"n_experts", r.routing.n_experts},
+                    {"shape", {r.routing.positions(), r.routing.n_layers, r.routing.k}},
+                    {"expert_ids", r.routing.expert_ids},
+                    {"weight_bits", std::move(wbits)}};
+  }
   if (!r.tool_result_template.empty()) j["tool_result_template"] = r.tool_result_template;
   j["sampling"] = {{"temperature", r.sampling.temperature},
                    {"top_k", r.sampling.top_k},
@@ -259,6 +268,46 @@ nlohmann::json RecordToJson(const TrajectoryRecord& r) {
                       {"backend", r.fingerprint.backend}};
   j["finish"] = r.finish;
   return j;
+}
+
+// The optional "routing" object (see the header).
+static Status ParseRouting(const json& rt, RoutingRecord* out) {
+  if (!rt.is_object()) return Bad("routing", "not an object");
+  auto shape = rt.find("shape");
+  auto ids = rt.find("expert_ids");
+  auto bits = rt.find("weight_bits");
+  auto ne = rt.find("n_experts");
+  if (shape == rt.end() || !shape->is_array() || shape->size() != 3 || ids == rt.end() ||
+      !ids->is_array() || bits == rt.end() || !bits->is_array() || ne == rt.end() ||
+      !ne->is_number_unsigned()) {
+    return Bad("routing", "needs n_experts, shape [positions, layers, k], expert_ids, weight_bits");
+  }
+  for (const json& d : *shape) {
+    if (!d.is_number_unsigned()) return Bad("routing", "shape holds a non-count");
+  }
+  const uint64_t n_experts = ne->get<uint64_t>();
+  const uint64_t p = (*shape)[0].get<uint64_t>(), l = (*shape)[1].get<uint64_t>(),
+                 k = (*shape)[2].get<uint64_t>();
+  if (n_experts > 65535 || l > 65535 || k > 65535 || ids->size() != p * l * k ||
+      bits->size() != ids->size()) {
+    return Bad("routing", "expert_ids / weight_bits do not match shape");
+  }
+  out->n_experts = static_cast<int32_t>(n_experts);
+  out->n_layers = static_cast<int32_t>(l);
+  out->k = static_cast<int32_t>(k);
+  for (size_t i = 0; i < ids->size(); ++i) {
+    const json& e = (*ids)[i];
+    if (!e.is_number_unsigned() || e.get<uint64_t>() >= n_experts) {
+      return Bad("routing", "expert id " + std::to_string(i) + " is not in [0, n_experts)");
+    }
+    out->expert_ids.push_back(static_cast<uint16_t>(e.get<uint64_t>()));
+    uint64_t v = 0;
+    if (!(*bits)[i].is_string() || !ParseHex((*bits)[i].get<std::string>(), 8, &v)) {
+      return Bad("routing", "weight_bits element " + std::to_string(i) + " is not 8 hex digits");
+    }
+    out->weights.push_back(std::bit_cast<float>(static_cast<uint32_t>(v)));
+  }
+  return Status::Ok();
 }
 
 Result<TrajectoryRecord> RecordFromJson(const nlohmann::json& j) {
@@ -318,6 +367,9 @@ Result<TrajectoryRecord> RecordFromJson(const nlohmann::json& j) {
       BR_RETURN_IF_ERROR(ParseToolCall((*tc)[k], k, &c));
       r.tool_calls.push_back(std::move(c));
     }
+  }
+  if (auto rt = j.find("routing"); rt != j.end() && !rt->is_null()) {
+    BR_RETURN_IF_ERROR(ParseRouting(*rt, &r.routing));
   }
   BR_RETURN_IF_ERROR(
       GetString(j, "tool_result_template", "tool_result_template", &r.tool_result_template, false));
@@ -455,6 +507,7 @@ Result<TrajectoryRecord> RecordFromWal(const wal::TrajectoryLog& log) {
       log.finish
           ? Lower(wire::EnumNameFinishReason(static_cast<wire::FinishReason>(log.finish->reason)))
           : "unfinished";
+  if (log.finish) r.routing = log.finish->routing;
   return r;
 }
 

@@ -87,6 +87,9 @@ struct TrajectoryRecord {
   std::vector<RecordVersionSpan> weight_versions;
   NumericsFingerprint fingerprint;  // of the engine that produced the first token
   std::string finish;  // engine FinishReasonName, or the wire finish name of a WAL trajectory
+  // Optional (MoE models, return_routing): JSON "routing": {"n_experts", "shape": [positions,
+  // layers, k], "expert_ids": [...], "weight_bits": ["3f000000", ...]} (fp32 bits in hex).
+  RoutingRecord routing;
 };
 
 // The record as one JSON object (the fields of docs/audit.md).

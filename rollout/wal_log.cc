@@ -182,6 +182,10 @@ std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAdd
     err = wire::CreateError(fbb, wire::ErrorCode_Internal,
                             fbb.CreateString(log.finish ? log.finish->error : ""), at.group_id);
   }
+  flatbuffers::Offset<wire::Routing> routing;
+  if (log.finish && !log.finish->routing.empty()) {
+    routing = RoutingToWire(fbb, log.finish->routing);
+  }
   wire::TrajectoryBuilder b(fbb);
   b.add_group_id(at.group_id);
   b.add_prompt_index(at.prompt_index);
@@ -198,6 +202,7 @@ std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAdd
   b.add_replica(rep);
   if (!client_tag.empty()) b.add_client_tag(tag);
   if (!err.IsNull()) b.add_error(err);
+  if (!routing.IsNull()) b.add_routing(routing);
   return FinishTrajectory(fbb, b.Finish());
 }
 

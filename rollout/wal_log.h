@@ -96,8 +96,9 @@ class WalLog {
                    const NumericsFingerprint& fp);
   Status LogTokens(uint64_t traj, std::span<const int32_t> ids, std::span<const float> lps,
                    uint64_t weight_version);
-  Status LogFinish(uint64_t traj, wire::FinishReason reason, std::string_view error) {
-    return wal_->AppendFinish(traj, FinishFromWire(reason), error);
+  Status LogFinish(uint64_t traj, wire::FinishReason reason, std::string_view error,
+                   const RoutingRecord* routing = nullptr) {
+    return wal_->AppendFinish(traj, FinishFromWire(reason), error, routing);
   }
   Status LogToolCall(uint64_t traj, const wal::ToolCall& c) {
     return wal_->AppendToolCall(traj, c);

@@ -92,7 +92,45 @@ def check(cond, what):
         sys.exit(1)
 
 
+def check_routing_parse():
+    """Trajectory.routing of a wire Routing table: ids as uint8 (<= 256 experts) or uint16,
+    weights as float32, both [positions, layers, k], every bit kept; None when absent."""
+    import flatbuffers
+    from bitroll import messages
+    from bitroll.wire.Routing import RoutingT
+    from bitroll.wire.Trajectory import Trajectory, TrajectoryT
+    for experts, dtype in ((8, np.uint8), (300, np.uint16)):
+        r = RoutingT()
+        r.nLayers, r.k, r.nExperts = 2, 2, experts
+        ids = [(i * 37 + 5) % experts for i in range(12)]
+        w = (np.arange(12, dtype=np.float32) / np.float32(7)).astype(np.float32)
+        if experts <= 256:
+            r.idsU8 = ids
+        else:
+            r.idsU16 = ids
+        r.weights = w.tolist()
+        t = TrajectoryT()
+        t.ids, t.logprobs, t.routing = [5, 6], [-1.0, -2.0], r
+        b = flatbuffers.Builder(0)
+        b.Finish(t.Pack(b))
+        tr = messages.trajectory(Trajectory.GetRootAs(b.Output(), 0))
+        check(tr.routing is not None and tr.routing["n_experts"] == experts, "routing parsed")
+        check(tr.routing["expert_ids"].shape == (3, 2, 2), "routing shape")
+        check(tr.routing["expert_ids"].dtype == dtype, f"routing id dtype {experts}")
+        check(tr.routing["expert_ids"].reshape(-1).tolist() == ids, "routing ids")
+        check(tr.routing["weights"].tobytes() == w.tobytes(), "routing weight bits")
+        check('"routing"' in tr.to_json(), "routing in to_json")
+        check("routing" in tr.audit_record([1]), "routing in the audit record")
+    t = TrajectoryT()
+    t.ids, t.logprobs = [5], [-1.0]
+    b = flatbuffers.Builder(0)
+    b.Finish(t.Pack(b))
+    tr = messages.trajectory(Trajectory.GetRootAs(b.Output(), 0))
+    check(tr.routing is None and '"routing"' not in tr.to_json(), "no routing when absent")
+
+
 def main():
+    check_routing_parse()
     ap = argparse.ArgumentParser()
     ap.add_argument("--bitroll", required=True)
     ap.add_argument("--dump", required=True)
@@ -106,7 +144,8 @@ def main():
             bg.start()
             c = Client(ep, timeout_ms=20000)
             group = c.submit(PROMPTS, n=N, params={"temperature": 1.0}, seed=SEED,
-                             max_tokens=MAX_TOKENS, stop_ids=STOP, group_id=1, client_tag="py")
+                             max_tokens=MAX_TOKENS, stop_ids=STOP, group_id=1, client_tag="py",
+                             return_routing=True)
             trajs = group.result()
             check(len(trajs) == len(PROMPTS) * N, f"{len(trajs)} trajectories")
             check(group.summary["trajectories"] == 24 and group.summary["errors"] == 0,
@@ -119,6 +158,7 @@ def main():
                       f"logprob bits {t.prompt_index}/{t.sample_index}")
                 check(t.finish == finish, f"finish {t.finish} != {finish}")
                 check(t.client_tag == "py" and t.fingerprint["backend"] == "null", "tag/fp")
+                check(t.routing is None, "a dense engine returns no routing")
             # Negative control: the comparison sees a changed seed.
             ids, lps, _ = expected(PROMPTS[0], SEED + 1, 0, MAX_TOKENS, STOP)
             check(trajs[0].logprobs.tobytes() != lps.tobytes(), "negative control")

@@ -54,7 +54,8 @@ def encode(msg_type, msg, request_id, client_id):
 def submit_rollouts(group_id, prompts, n=1, params=None, seed=0, max_tokens=256, stop_ids=(),
                     stop_strings=(), stop_at_eos=True, max_turns=1, priority=0, client_tag="",
                     stream_tokens=False, tools=(), tool_open=None, tool_close=None,
-                    tool_open_id=-1, tool_close_id=-1, tool_result_template=None):
+                    tool_open_id=-1, tool_close_id=-1, tool_result_template=None,
+                    return_routing=False):
     """The SubmitRolloutsT that Client.submit sends (same arguments)."""
     params = params or {}
     m = p.SubmitRolloutsT()
@@ -83,6 +84,7 @@ def submit_rollouts(group_id, prompts, n=1, params=None, seed=0, max_tokens=256,
     m.priority = priority
     m.clientTag = client_tag
     m.streamTokens = stream_tokens
+    m.returnRouting = bool(return_routing)
     tiers = {v: k for k, v in messages.TIER_NAMES.items()}
     m.tools = []
     for t in tools:
@@ -175,8 +177,12 @@ class Client:
     def submit(self, prompts, n=1, params=None, seed=0, max_tokens=256, group_id=None,
                stop_ids=(), stop_strings=(), stop_at_eos=True, max_turns=1, priority=0,
                client_tag="", stream_tokens=False, tools=(), tool_open=None, tool_close=None,
-               tool_open_id=-1, tool_close_id=-1, tool_result_template=None):
+               tool_open_id=-1, tool_close_id=-1, tool_result_template=None,
+               return_routing=False):
         """Submits prompts (lists of token ids, or strings) x n samples. Returns a Group.
+
+        return_routing (mixture-of-experts models): each Trajectory carries `routing`, the top-k
+        expert ids and fp32 weights per position and MoE layer (Trajectory.routing).
 
         Tool loop (docs/protocol.md "Tools"): `tools` is a list of dicts {"name", "tier"
         ("function" | "process" | "container" | "vm"), "function" or "command_template",
@@ -190,7 +196,8 @@ class Client:
             stop_strings=stop_strings, stop_at_eos=stop_at_eos, max_turns=max_turns,
             priority=priority, client_tag=client_tag, stream_tokens=stream_tokens, tools=tools,
             tool_open=tool_open, tool_close=tool_close, tool_open_id=tool_open_id,
-            tool_close_id=tool_close_id, tool_result_template=tool_result_template)
+            tool_close_id=tool_close_id, tool_result_template=tool_result_template,
+            return_routing=return_routing)
         g = Group(self, m.groupId)
         self._groups[m.groupId] = g
         self._send(Message.SubmitRollouts, m)

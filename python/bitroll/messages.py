@@ -89,6 +89,10 @@ class Trajectory:
     # output_truncated, error, wall_seconds, cpu_seconds, token_index, replayed).
     mask: np.ndarray = None
     tool_calls: list = None
+    # return_routing on a MoE model: {"n_experts": E, "expert_ids": uint8 (E <= 256) or uint16
+    # array [positions, layers, k], "weights": float32 array [positions, layers, k]} for every
+    # position that entered the model (the prompt, then every id but the last); else None.
+    routing: dict = None
 
     def to_json(self):
         """One JSON Lines record (the input of `bitroll cost`); logprob bits are exact hex."""
@@ -102,7 +106,8 @@ class Trajectory:
             "fingerprint": self.fingerprint,
             "mask": [] if self.mask is None else self.mask.tolist(),
             "tool_calls": [{**c, "error": None if c["error"] is None else str(c["error"])}
-                           for c in (self.tool_calls or [])]})
+                           for c in (self.tool_calls or [])],
+            **({} if self.routing is None else {"routing": routing_json(self.routing)})})
 
     def audit_record(self, prompt, params=None, seed=0, max_tokens=256, stop_ids=(),
                      stop_at_eos=True, tool_result_template=None):
@@ -159,6 +164,8 @@ class Trajectory:
             rec["prompt_ids"] = [int(x) for x in prompt]
         if calls and derivable:
             rec["tool_result_template"] = tool_result_template or DEFAULT_RESULT_TEMPLATE
+        if self.routing is not None:
+            rec["routing"] = routing_json(self.routing)
         return rec
 
     def to_audit_json(self, prompt, **request):
@@ -195,6 +202,29 @@ def tool_call(c):
             "token_index": c.TokenIndex(), "replayed": c.Replayed()}
 
 
+def routing(r):
+    """A wire Routing table as Trajectory.routing (None when absent)."""
+    if r is None:
+        return None
+    layers, k = r.NLayers(), r.K()
+    ids = _vec(r, "IdsU8")
+    if ids is None:
+        ids = _vec(r, "IdsU16")
+    w = _vec(r, "Weights")
+    if ids is None or w is None or layers * k == 0:
+        return None
+    shape = (len(ids) // (layers * k), layers, k)
+    return {"n_experts": r.NExperts(), "expert_ids": np.asarray(ids).copy().reshape(shape),
+            "weights": np.asarray(w, np.float32).copy().reshape(shape)}
+
+
+def routing_json(r):
+    """Trajectory.routing as JSON: ids, and the weights as exact fp32 hex bits."""
+    return {"n_experts": r["n_experts"], "shape": list(r["expert_ids"].shape),
+            "expert_ids": r["expert_ids"].reshape(-1).tolist(),
+            "weight_bits": [f"{b:08x}" for b in r["weights"].view(np.uint32).reshape(-1).tolist()]}
+
+
 def trajectory(t):
     """The Trajectory of a wire Trajectory table (arrays are copies: the buffer may go)."""
     ids = _vec(t, "Ids")
@@ -217,7 +247,8 @@ def trajectory(t):
         error=None if t.Error() is None else error(t.Error()),
         mask=(np.ones(0 if ids is None else len(ids), np.uint8) if mask is None
               else np.asarray(mask, np.uint8).copy()),
-        tool_calls=[tool_call(t.ToolCalls(i)) for i in range(t.ToolCallsLength())])
+        tool_calls=[tool_call(t.ToolCalls(i)) for i in range(t.ToolCallsLength())],
+        routing=routing(t.Routing()))
 
 
 def token_chunk(c):

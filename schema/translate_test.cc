@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -267,6 +268,39 @@ TEST(RoutingTranslate, RoundTripsInTheSmallestIdTypeOnWireAndLog) {
                                    fbb.CreateVector(*b.weights));
     Result<RoutingRecord> r = RoutingFromWire(Reread(fbb, bad));
     EXPECT_EQ(r.status().code(), ErrorCode::kCorruption) << b.what;
+  }
+}
+
+// Measured bytes per position of a routing record on the wire, for Qwen3-30B-A3B's routing (48
+// MoE layers, top-8 of 128 experts) and make-model's moe-100m (8 layers, top-2 of 8), against
+// vLLM's int16 [tokens, layers, k] id layout (which carries no weights).
+TEST(RoutingTranslate, BytesPerPositionOnTheWire) {
+  struct Shape {
+    const char* name;
+    int32_t layers, k, experts;
+  };
+  for (const Shape& m : {Shape{"qwen3-30b-a3b", 48, 8, 128}, Shape{"moe-100m", 8, 2, 8},
+                         Shape{"512-expert", 48, 8, 512}}) {
+    RoutingRecord r;
+    r.n_layers = m.layers;
+    r.k = m.k;
+    r.n_experts = m.experts;
+    const int64_t positions = 1000, n = positions * m.layers * m.k;
+    for (int64_t i = 0; i < n; ++i) {
+      r.expert_ids.push_back(static_cast<uint16_t>(i % m.experts));
+      r.weights.push_back(0.125f);
+    }
+    flatbuffers::FlatBufferBuilder fbb;
+    fbb.Finish(RoutingToWire(fbb, r));
+    const double per = double(fbb.GetSize()) / double(positions);
+    const double ids_only = double(m.layers * m.k * RoutingIdBytes(m.experts));
+    const double vllm = 2.0 * m.layers * m.k;
+    std::printf(
+        "routing %s: %.1f B/position on the wire (ids %.0f B + weights %d B); vLLM int16 "
+        "ids: %.0f B\n",
+        m.name, per, ids_only, m.layers * m.k * 4, vllm);
+    EXPECT_LE(per, ids_only + 4.0 * m.layers * m.k + 1.0);  // no per-position overhead
+    EXPECT_LE(ids_only, vllm);
   }
 }
 

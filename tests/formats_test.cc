@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -259,6 +260,170 @@ INSTANTIATE_TEST_SUITE_P(
                "topk_plus_one"},
         HfCase{"qwen2_moe_shared_expert", "--arch qwen2_moe --seed 20", "topk_plus_one"}),
     [](const ::testing::TestParamInfo<HfCase>& i) { return std::string(i.param.name); });
+
+// ---- Qwen3-MoE from GGUF ------------------------------------------------------------------------
+
+// A GGUF v3 file of F32 tensors with string / uint32 / float32 metadata (the spec's layout),
+// written here independently of the parser.
+class GgufWriter {
+ public:
+  void Str(const std::string& key, const std::string& v) {
+    Key(key, 8);
+    Text(&kv_, v);
+  }
+  void U32(const std::string& key, uint32_t v) {
+    Key(key, 4);
+    Pod(&kv_, v);
+  }
+  void F32(const std::string& key, float v) {
+    Key(key, 6);
+    Pod(&kv_, v);
+  }
+  // `shape` outermost first (ggml's ne is its reverse).
+  void Tensor(const std::string& name, std::vector<int64_t> shape, const float* data) {
+    Text(&ti_, name);
+    Pod(&ti_, uint32_t(shape.size()));
+    size_t n = 1;
+    for (auto it = shape.rbegin(); it != shape.rend(); ++it) {
+      Pod(&ti_, uint64_t(*it));
+      n *= size_t(*it);
+    }
+    Pod(&ti_, uint32_t(0));  // GGML_TYPE_F32
+    while (data_.size() % 32 != 0) data_.push_back('\0');
+    Pod(&ti_, uint64_t(data_.size()));
+    data_.append(reinterpret_cast<const char*>(data), n * 4);
+    ++tensors_;
+  }
+  std::string Build() const {
+    std::string o;
+    Pod(&o, uint32_t(0x46554747));
+    Pod(&o, uint32_t(3));
+    Pod(&o, tensors_);
+    Pod(&o, keys_);
+    o += kv_ + ti_;
+    while (o.size() % 32 != 0) o.push_back('\0');
+    return o + data_;
+  }
+
+ private:
+  template <typename T>
+  static void Pod(std::string* o, T v) {
+    o->append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  static void Text(std::string* o, const std::string& s) {
+    Pod(o, uint64_t(s.size()));
+    *o += s;
+  }
+  void Key(const std::string& key, uint32_t type) {
+    Text(&kv_, key);
+    Pod(&kv_, type);
+    ++keys_;
+  }
+  uint64_t tensors_ = 0, keys_ = 0;
+  std::string kv_, ti_, data_;
+};
+
+// make-model's qwen3-moe-tiny written as a llama.cpp-style qwen3moe GGUF (experts stacked; Qwen's
+// q/k rows as they are: half-split RoPE) gives the Hugging Face folder's weights hash and the same
+// trajectories bit for bit; swapping two experts in the GGUF is noticed (negative control).
+TEST(Formats, Qwen3MoeGgufEqualsHuggingFaceBitwise) {
+  auto hf = testing_util::HfShapeModel("qwen3-moe-tiny");
+  ASSERT_TRUE(hf);
+  const engine::ModelConfig& c = hf->config;
+  auto f32 = [](const engine::Tensor& t) { return static_cast<const float*>(t.data); };
+  auto write = [&](const std::string& path, bool swap_experts) {
+    GgufWriter g;
+    g.Str("general.architecture", "qwen3moe");
+    g.U32("qwen3moe.embedding_length", uint32_t(c.dim));
+    g.U32("qwen3moe.feed_forward_length", uint32_t(c.hidden_dim));
+    g.U32("qwen3moe.block_count", uint32_t(c.n_layers));
+    g.U32("qwen3moe.attention.head_count", uint32_t(c.n_heads));
+    g.U32("qwen3moe.attention.head_count_kv", uint32_t(c.n_kv_heads));
+    g.U32("qwen3moe.attention.key_length", uint32_t(c.head_dim()));
+    g.U32("qwen3moe.context_length", uint32_t(c.max_seq_len));
+    g.U32("qwen3moe.expert_count", uint32_t(c.n_experts));
+    g.U32("qwen3moe.expert_used_count", uint32_t(c.n_experts_per_tok));
+    g.U32("qwen3moe.expert_feed_forward_length", uint32_t(c.moe_hidden_dim));
+    g.F32("qwen3moe.attention.layer_norm_rms_epsilon", c.norm_eps);
+    g.F32("qwen3moe.rope.freq_base", c.rope_theta);
+    g.Tensor("token_embd.weight", hf->token_embedding.shape, f32(hf->token_embedding));
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+      const engine::LayerWeights& L = hf->layers[size_t(l)];
+      const std::string b = "blk." + std::to_string(l) + ".";
+      for (auto [name, t] :
+           {std::pair{"attn_norm", &L.attn_norm}, std::pair{"attn_q", &L.wq},
+            std::pair{"attn_k", &L.wk}, std::pair{"attn_v", &L.wv}, std::pair{"attn_output", &L.wo},
+            std::pair{"attn_q_norm", &L.q_norm}, std::pair{"attn_k_norm", &L.k_norm},
+            std::pair{"ffn_norm", &L.ffn_norm}, std::pair{"ffn_gate_inp", &L.router}}) {
+        g.Tensor(b + name + ".weight", t->shape, f32(*t));
+      }
+      for (int which = 0; which < 3; ++which) {
+        std::vector<float> stacked;
+        std::vector<int64_t> shape;
+        for (int32_t e = 0; e < c.n_experts; ++e) {
+          const int32_t src = swap_experts && l == 1 && e < 2 ? 1 - e : e;
+          const engine::FfnWeights& x = L.experts[size_t(src)];
+          const engine::Tensor& t = which == 0 ? x.w1 : which == 1 ? x.w3 : x.w2;
+          stacked.insert(stacked.end(), f32(t), f32(t) + t.numel());
+          shape = t.shape;
+        }
+        shape.insert(shape.begin(), c.n_experts);
+        const char* name = which == 0   ? "ffn_gate_exps"
+                           : which == 1 ? "ffn_up_exps"
+                                        : "ffn_down_exps";
+        g.Tensor(b + name + ".weight", shape, stacked.data());
+      }
+    }
+    g.Tensor("output_norm.weight", hf->final_norm.shape, f32(hf->final_norm));
+    g.Tensor("output.weight", hf->classifier.shape, f32(hf->classifier));
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    const std::string bytes = g.Build();
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+  };
+  const fs::path dir =
+      fs::temp_directory_path() / ("bitroll_fmt_q3moe_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string good = (dir / "m.gguf").string(), bad = (dir / "swapped.gguf").string();
+  write(good, false);
+  write(bad, true);
+  auto gg = Load(good);
+  ASSERT_TRUE(gg);
+  EXPECT_EQ(engine::DetectModelFormat(good).value(), engine::ModelFormat::kGguf);
+  EXPECT_EQ(gg->config.arch, "qwen3_moe");
+  EXPECT_TRUE(gg->config.qk_norm && gg->config.norm_topk_prob);
+  EXPECT_EQ(gg->config.n_experts, c.n_experts);
+  EXPECT_EQ(gg->config.head_dim(), c.head_dim());
+  EXPECT_EQ(gg->weights_hash, hf->weights_hash);
+  std::vector<engine::SequenceRequest> reqs;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    engine::SequenceRequest r = Greedy(id, {1, int32_t(10 * id), int32_t(20 + id), 30}, 40);
+    if (id % 2 == 0) {
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = id;
+    }
+    r.return_routing = true;
+    reqs.push_back(r);
+  }
+  auto e_hf = testing_util::MakeEngine({}, hf);
+  auto e_gg = testing_util::MakeEngine({}, gg);
+  ASSERT_TRUE(e_hf && e_gg);
+  auto a = testing_util::RunAll(*e_hf, reqs);
+  auto b = testing_util::RunAll(*e_gg, reqs);
+  for (const auto& r : reqs) {
+    EXPECT_TRUE(testing_util::SameTrajectory(a[r.id], b[r.id])) << r.id;
+    EXPECT_EQ(a[r.id].routing.expert_ids, b[r.id].routing.expert_ids) << r.id;
+  }
+  auto sw = Load(bad);
+  ASSERT_TRUE(sw);
+  EXPECT_NE(sw->weights_hash, hf->weights_hash);
+  auto e_sw = testing_util::MakeEngine({}, sw);
+  ASSERT_TRUE(e_sw);
+  auto s = testing_util::RunAll(*e_sw, reqs);
+  int differ = 0;
+  for (const auto& r : reqs) differ += testing_util::SameTrajectory(a[r.id], s[r.id]) ? 0 : 1;
+  EXPECT_GT(differ, 0) << "two swapped experts went unnoticed";
+  fs::remove_all(dir);
+}
 
 // ---- detection and tokenizers ------------------------------------------------------------------
 

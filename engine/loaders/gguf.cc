@@ -519,12 +519,13 @@ Result<ModelWeights> LoadGguf(const std::string& path, const GgufLoadOptions& op
   Result<std::string> arch_r = f.GetString("general.architecture");
   if (!arch_r.ok()) return ctx(arch_r.status());
   const std::string arch = *arch_r;
-  if (arch != "llama" && arch != "qwen2") {
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe") {
     return Status::Unsupported(path + ": architecture \"" + arch +
-                               "\" is not supported (llama and qwen2 are)");
+                               "\" is not supported (llama, qwen2, qwen3 and qwen3moe are)");
   }
+  const bool qwen3 = arch == "qwen3" || arch == "qwen3moe";
   ModelConfig c;
-  c.arch = arch;
+  c.arch = arch == "qwen3moe" ? "qwen3_moe" : arch;
   const std::string p = arch + ".";
   struct {
     const char* key;
@@ -562,13 +563,32 @@ Result<ModelWeights> LoadGguf(const std::string& path, const GgufLoadOptions& op
       return Status::Unsupported(path + ": RoPE scaling \"" + *v + "\" is not supported");
     }
   }
-  if (c.n_heads > 0 && c.dim % c.n_heads == 0 && f.Find(p + "rope.dimension_count") != nullptr) {
+  if (qwen3) {  // QK-norm; attention.key_length may set a head_dim apart from dim / heads
+    c.qk_norm = true;
+    if (f.Find(p + "attention.key_length") != nullptr) {
+      Result<int32_t> v = GetPositive(f, p + "attention.key_length");
+      if (!v.ok()) return ctx(v.status());
+      if (int64_t(*v) * c.n_heads != c.dim) c.head_size = *v;
+    }
+  }
+  if (arch == "qwen3moe") {
+    for (auto [key, dst] : {std::pair{"expert_count", &c.n_experts},
+                            std::pair{"expert_used_count", &c.n_experts_per_tok},
+                            std::pair{"expert_feed_forward_length", &c.moe_hidden_dim}}) {
+      Result<int32_t> v = GetPositive(f, p + key);
+      if (!v.ok()) return ctx(v.status());
+      *dst = *v;
+    }
+    c.norm_topk_prob = true;  // llama.cpp's qwen3moe renormalises the top-k weights
+  }
+  if (c.n_heads > 0 && f.Find(p + "rope.dimension_count") != nullptr &&
+      (c.head_size > 0 || c.dim % c.n_heads == 0)) {
     Result<int64_t> v = f.GetInt(p + "rope.dimension_count");
     if (!v.ok()) return ctx(v.status());
-    if (*v != c.dim / c.n_heads) {
+    if (*v != c.head_dim()) {
       return Status::Unsupported(path + ": partial RoPE (rope.dimension_count " +
-                                 std::to_string(*v) + ", head_dim " +
-                                 std::to_string(c.dim / c.n_heads) + ") is not supported");
+                                 std::to_string(*v) + ", head_dim " + std::to_string(c.head_dim()) +
+                                 ") is not supported");
     }
   }
   if (options.max_seq_len > 0) c.max_seq_len = std::min(c.max_seq_len, options.max_seq_len);
@@ -602,6 +622,7 @@ Result<ModelWeights> LoadGguf(const std::string& path, const GgufLoadOptions& op
   }
 
   const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim, vocab = c.vocab_size;
+  const int64_t qd = c.q_dim(), hd = c.head_dim();
   Mapper m{f, map->data, path};
   ModelWeights w;
   w.config = c;
@@ -613,16 +634,42 @@ Result<ModelWeights> LoadGguf(const std::string& path, const GgufLoadOptions& op
     LayerWeights& L = w.layers[size_t(l)];
     const std::string b = "blk." + std::to_string(l) + ".";
     BR_ASSIGN_OR_RETURN(L.attn_norm, m.Get(b + "attn_norm.weight", {dim}, false));
-    BR_ASSIGN_OR_RETURN(L.wq, m.Get(b + "attn_q.weight", {dim, dim}, false));
+    BR_ASSIGN_OR_RETURN(L.wq, m.Get(b + "attn_q.weight", {qd, dim}, false));
     BR_ASSIGN_OR_RETURN(L.wk, m.Get(b + "attn_k.weight", {kv, dim}, false));
     BR_ASSIGN_OR_RETURN(L.wv, m.Get(b + "attn_v.weight", {kv, dim}, false));
     if (c.qkv_bias) {
-      BR_ASSIGN_OR_RETURN(L.bq, m.Get(b + "attn_q.bias", {dim}, false));
+      BR_ASSIGN_OR_RETURN(L.bq, m.Get(b + "attn_q.bias", {qd}, false));
       BR_ASSIGN_OR_RETURN(L.bk, m.Get(b + "attn_k.bias", {kv}, false));
       BR_ASSIGN_OR_RETURN(L.bv, m.Get(b + "attn_v.bias", {kv}, false));
     }
-    BR_ASSIGN_OR_RETURN(L.wo, m.Get(b + "attn_output.weight", {dim, dim}, false));
+    BR_ASSIGN_OR_RETURN(L.wo, m.Get(b + "attn_output.weight", {dim, qd}, false));
+    if (c.qk_norm) {
+      BR_ASSIGN_OR_RETURN(L.q_norm, m.Get(b + "attn_q_norm.weight", {hd}, false));
+      BR_ASSIGN_OR_RETURN(L.k_norm, m.Get(b + "attn_k_norm.weight", {hd}, false));
+    }
     BR_ASSIGN_OR_RETURN(L.ffn_norm, m.Get(b + "ffn_norm.weight", {dim}, false));
+    if (c.is_moe()) {
+      // Experts are stacked: ffn_{gate,up}_exps [E][ff][dim], ffn_down_exps [E][dim][ff]; each
+      // expert is a view of its slice.
+      const int64_t ne = c.n_experts, ff = c.moe_hidden_dim;
+      BR_ASSIGN_OR_RETURN(L.router, m.Get(b + "ffn_gate_inp.weight", {ne, dim}, false));
+      BR_ASSIGN_OR_RETURN(Tensor gate, m.Get(b + "ffn_gate_exps.weight", {ne, ff, dim}, false));
+      BR_ASSIGN_OR_RETURN(Tensor up, m.Get(b + "ffn_up_exps.weight", {ne, ff, dim}, false));
+      BR_ASSIGN_OR_RETURN(Tensor down, m.Get(b + "ffn_down_exps.weight", {ne, dim, ff}, false));
+      auto slice = [](const Tensor& t, int64_t e, std::vector<int64_t> shape) {
+        Tensor out = t;
+        out.shape = std::move(shape);
+        out.data = static_cast<const uint8_t*>(t.data) + e * out.size_bytes();
+        return out;
+      };
+      L.experts.resize(size_t(ne));
+      for (int64_t e = 0; e < ne; ++e) {
+        L.experts[size_t(e)].w1 = slice(gate, e, {ff, dim});
+        L.experts[size_t(e)].w2 = slice(down, e, {dim, ff});
+        L.experts[size_t(e)].w3 = slice(up, e, {ff, dim});
+      }
+      continue;
+    }
     BR_ASSIGN_OR_RETURN(L.w1, m.Get(b + "ffn_gate.weight", {hidden, dim}, false));
     BR_ASSIGN_OR_RETURN(L.w2, m.Get(b + "ffn_down.weight", {dim, hidden}, false));
     BR_ASSIGN_OR_RETURN(L.w3, m.Get(b + "ffn_up.weight", {hidden, dim}, false));

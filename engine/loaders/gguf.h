@@ -17,7 +17,11 @@
 // returns views into the mapping (F32, F16 and BF16 tensors; quantized types are kUnsupported).
 // llama.cpp's LLAMA RoPE is the adjacent-pair (interleaved) layout; HF->GGUF conversion permutes
 // q/k rows so that holds, and a llama2.c->GGUF file carries llama2.c's weights as they are. The
-// `qwen2` architecture (NeoX half-split RoPE, q/k/v biases) is accepted too.
+// `qwen2` architecture (NeoX half-split RoPE, q/k/v biases) is accepted too, and so are `qwen3`
+// (half-split RoPE, QK-norm: blk.N.attn_{q,k}_norm.weight; attention.key_length sets head_dim)
+// and `qwen3moe` (expert_count, expert_used_count, expert_feed_forward_length; router
+// blk.N.ffn_gate_inp.weight; experts stacked in ffn_{gate,up,down}_exps.weight, served as
+// per-expert views; top-k weights renormalised as llama.cpp does).
 //
 // Thread-safety: a GgufFile is an immutable value after parsing.
 #pragma once

@@ -2,6 +2,7 @@
 #include "rollout/audit.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -170,6 +171,55 @@ engine::SequenceRequest BaseRequest(const TrajectoryRecord& r, uint64_t id, uint
   return q;
 }
 
+// The first position where a recomputed routing record differs from the recorded one (expert id
+// or weight bits; a record of another shape differs at position 0), as a Divergence of the token
+// that position's row produced; nullopt when they are equal.
+std::optional<Divergence> RoutingDivergence(const TrajectoryRecord& r, const RoutingRecord& got,
+                                            int32_t prompt_len) {
+  const RoutingRecord& want = r.routing;
+  const int64_t per = int64_t(want.n_layers) * want.k;
+  const bool same_shape = got.n_layers == want.n_layers && got.k == want.k &&
+                          got.expert_ids.size() == want.expert_ids.size() && per > 0;
+  int64_t at = -1;
+  if (!same_shape) {
+    at = 0;
+  } else {
+    for (size_t i = 0; i < want.expert_ids.size() && at < 0; ++i) {
+      if (want.expert_ids[i] != got.expert_ids[i] ||
+          std::memcmp(&want.weights[i], &got.weights[i], sizeof(float)) != 0) {
+        at = static_cast<int64_t>(i);
+      }
+    }
+  }
+  if (at < 0) return std::nullopt;
+  const int64_t position = per > 0 ? at / per : 0;
+  Divergence d;
+  d.token = static_cast<int32_t>(std::clamp<int64_t>(
+      position + 1 - prompt_len, 0, std::max<int64_t>(0, int64_t(r.ids.size()) - 1)));
+  d.turn = TurnOf(r, d.token);
+  d.position = static_cast<int32_t>(position);
+  if (!r.ids.empty()) d.recorded_id = d.recomputed_id = r.ids[size_t(d.token)];
+  if (!r.logprob_bits.empty())
+    d.recorded_bits = d.recomputed_bits = r.logprob_bits[size_t(d.token)];
+  char buf[200];
+  if (!same_shape) {
+    std::snprintf(buf, sizeof(buf),
+                  "routing record shape differs (recorded %zu routes, recomputed %zu)",
+                  want.expert_ids.size(), got.expert_ids.size());
+  } else {
+    const size_t i = static_cast<size_t>(at);
+    std::snprintf(buf, sizeof(buf),
+                  "routing differs at position %lld layer %lld slot %lld: recorded expert %u "
+                  "weight %08x, recomputed expert %u weight %08x",
+                  static_cast<long long>(position), static_cast<long long>((at % per) / want.k),
+                  static_cast<long long>(at % want.k), want.expert_ids[i],
+                  std::bit_cast<uint32_t>(want.weights[i]), got.expert_ids[i],
+                  std::bit_cast<uint32_t>(got.weights[i]));
+  }
+  d.what = buf;
+  return d;
+}
+
 // The sampled runs of a record: [begin, end) of consecutive mask-1 tokens.
 std::vector<std::pair<int32_t, int32_t>> SampledRuns(const TrajectoryRecord& r) {
   std::vector<std::pair<int32_t, int32_t>> runs;
@@ -283,6 +333,7 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
     q.prompt = prompts[j.item];
     if (mode == AuditMode::kRescore) {
       q.forced = r.ids;
+      q.return_routing = !r.routing.empty();  // re-derive the routing record too
       q.stop.max_tokens = j.count;
       q.stop.stop_at_eos = false;
       q.stop.stop_at_bos = false;
@@ -357,6 +408,14 @@ Result<std::vector<AuditVerdict>> AuditRecords(engine::Engine& e,
             first[j.item] = d;
           }
           break;
+        }
+        // Re-scoring a MoE trajectory re-derives its routing record: the first position whose
+        // expert ids or weight bits differ is a divergence (when every token agreed).
+        if (mode == AuditMode::kRescore && !r.routing.empty() && first.count(j.item) == 0) {
+          if (std::optional<Divergence> d =
+                  RoutingDivergence(r, o.routing, static_cast<int32_t>(prompts[j.item].size()))) {
+            first[j.item] = *d;
+          }
         }
       }
       if (--pending[j.item] == 0) ++done;

@@ -12,6 +12,8 @@
 //   kRerun: every model turn regenerated from the recorded seed, sample index and sampling
 //     parameters, its context (earlier turns and injected tool results) taken from the record;
 //     ids and logprob bits compared. The turn's token budget is the recorded turn's length.
+// kRescore also re-derives a MoE record's routing record (TrajectoryRecord::routing): the first
+// position whose expert ids or weight bits differ is kDiverged (Divergence::what names it).
 // Both modes also re-derive every injected tool result (when the record has its
 // tool_result_template and the model a tokenizer): the template filled with the call's recorded
 // result (rollout/tool_call.h ResultText), encoded without BOS, must be the recorded injected

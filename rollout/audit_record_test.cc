@@ -5,13 +5,18 @@
 
 #include <bit>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/engine.h"
+#include "engine/make_model_hf.h"
 #include "rollout/audit.h"
 #include "rollout/trajectory_record.h"
 
@@ -108,6 +113,73 @@ TEST(AuditRecordTest, RoutingRecordRoundTripsAndIsChecked) {
     Result<TrajectoryRecord> r = RecordFromJson(k);
     EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << bad;
   }
+}
+
+// Re-scoring a MoE trajectory re-derives its routing record: an untouched record is identical,
+// one flipped weight bit or one changed expert id is a divergence naming the position.
+TEST(AuditRecordTest, RescoringChecksTheRoutingRecord) {
+  const std::string dir = ::testing::TempDir() + "/audit_moe_" + std::to_string(::getpid());
+  auto shape = engine::NamedHfShape("qwen3-moe-tiny");
+  ASSERT_TRUE(shape.ok());
+  ASSERT_TRUE(engine::WriteRandomHfModel(*shape, 7, dir).ok());
+  engine::EngineOptions eo;
+  eo.model_path = dir;
+  eo.kv_cache_bytes = 16 << 20;
+  auto e = engine::OpenEngine(eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  engine::SequenceRequest q;
+  q.id = 1;
+  q.prompt = {1, 40, 41, 42, 43};
+  q.sample_index = 3;
+  q.sampling.temperature = 1.0f;
+  q.sampling.seed = 99;
+  q.stop.max_tokens = 24;
+  q.stop.stop_at_eos = false;
+  q.return_routing = true;
+  ASSERT_TRUE((*e)->Add(q).ok());
+  engine::SequenceOutput out;
+  while ((*e)->HasWork()) {
+    auto st = (*e)->Step();
+    ASSERT_TRUE(st.ok());
+    for (auto& f : st->finished) out = f;
+  }
+  ASSERT_EQ(out.tokens.size(), 24u);
+  ASSERT_FALSE(out.routing.empty());
+  TrajectoryRecord r = Sample();
+  r.prompt_ids = q.prompt;
+  r.ids = out.tokens;
+  r.mask.assign(r.ids.size(), 1);
+  r.logprob_bits.clear();
+  for (float lp : out.logprobs) r.logprob_bits.push_back(std::bit_cast<uint32_t>(lp));
+  r.turn_begins = {0};
+  r.tool_calls.clear();
+  r.sampling = q.sampling;
+  r.sample_index = q.sample_index;
+  r.max_tokens = 24;
+  r.stop_ids.clear();
+  r.weight_versions = {{0, 0}};
+  r.fingerprint = (*e)->info().fingerprint;
+  r.routing = out.routing;
+  auto audit = [&](const TrajectoryRecord& rec) {
+    Result<std::vector<AuditVerdict>> v =
+        AuditRecords(**e, {AuditItem{rec, Status::Ok()}}, {}, nullptr);
+    EXPECT_TRUE(v.ok()) << v.status().ToString();
+    return v.ok() ? (*v)[0] : AuditVerdict{};
+  };
+  const AuditVerdict ok = audit(r);
+  EXPECT_EQ(ok.kind, VerdictKind::kIdentical) << ok.detail;
+  TrajectoryRecord bad = r;
+  const size_t at = bad.routing.weights.size() - 3;  // a generated position, the last layer
+  bad.routing.weights[at] =
+      std::bit_cast<float>(std::bit_cast<uint32_t>(bad.routing.weights[at]) ^ 1u);
+  const AuditVerdict flipped = audit(bad);
+  EXPECT_EQ(flipped.kind, VerdictKind::kDiverged);
+  EXPECT_NE(flipped.detail.find("routing differs at position"), std::string::npos)
+      << flipped.detail;
+  TrajectoryRecord other = r;
+  other.routing.expert_ids[0] = static_cast<uint16_t>((other.routing.expert_ids[0] + 1) % 8);
+  EXPECT_EQ(audit(other).kind, VerdictKind::kDiverged);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(AuditRecordTest, MissingFieldsAreNamedNeverThrown) {

@@ -92,6 +92,7 @@ struct GenerateFlags : EngineFlags {
   int32_t steps = 256;
   int32_t max_tokens = 0;
   bool json = false;
+  bool routes = false;
   double temperature = 1.0, top_p = 0.9, min_p = 0.0;
   int64_t top_k = 0;
   uint64_t seed = 42;
@@ -127,6 +128,9 @@ void AddGenerateFlags(CliParser* p, GenerateFlags* f) {
   AddEngineFlags(p, f);
   p->Group("Output");
   p->Flag("--json", &f->json, "one JSON object per trajectory on stdout");
+  p->Flag("--routes", &f->routes,
+          "with --json, MoE models: each record carries its routing record (expert ids and fp32 "
+          "weights per position and layer, docs/moe.md)");
   p->Footer(
       "Text output follows llama2.c run.c (prompt, then the generated pieces, then a newline).");
 }
@@ -184,6 +188,7 @@ engine::SequenceRequest MakeRequest(const GenerateFlags& f, const SamplingParams
   r.sampling = sp;
   const int fill = f.steps - static_cast<int>(r.prompt.size()) + 1;  // run.c: pos < steps
   r.stop.max_tokens = f.max_tokens > 0 ? f.max_tokens : std::max(1, fill);
+  r.return_routing = f.routes;
   return r;
 }
 
@@ -264,6 +269,7 @@ nlohmann::json TrajectoryJson(const engine::ModelInfo& info, const SamplingParam
   for (const auto& v : o.versions) r.weight_versions.push_back({v.begin, v.version});
   r.fingerprint = info.fingerprint;
   r.finish = FinishReasonName(o.finish);
+  r.routing = o.routing;
   nlohmann::json j = RecordToJson(r);
   if (have_text) j["text"] = text;
   j["cost"] = {{"prefill_tokens_computed", o.cost.prefill_computed},

@@ -142,6 +142,49 @@ TEST(GenerateCliTest, SeedTakesTheWholeUint64RangeAndMatchesTheService) {
   }
 }
 
+// make-model's MoE shape through the command line: `generate --json --routes` records routing,
+// `bitroll audit` re-derives it (exit 0), and a record with one flipped routing weight bit is a
+// divergence (exit 1) naming the routing.
+TEST(GenerateCliTest, MoeRoutesAreRecordedAndAudited) {
+  const fs::path dir = fs::temp_directory_path() / ("bitroll_gen_moe_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const std::string exe = ShellQuote(BITROLL_EXE);
+  ASSERT_EQ(
+      RunShell(exe + " make-model --shape qwen3-moe-tiny --out " + ShellQuote((dir / "m").string()))
+          .rc,
+      0);
+  const CmdResult gen = RunShell(exe + " generate --model " + ShellQuote((dir / "m").string()) +
+                                 " --prompt hello -n 2 --max-tokens 12 --json --routes");
+  ASSERT_EQ(gen.rc, 0) << gen.err;
+  std::istringstream in(gen.out);
+  std::string line, bad;
+  int routed = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("routing")) continue;
+    ++routed;
+    EXPECT_EQ(j["routing"]["shape"][1], 2);  // layers
+    EXPECT_EQ(j["routing"]["shape"][2], 2);  // top-2
+    auto& bits = j["routing"]["weight_bits"];
+    const uint32_t b =
+        static_cast<uint32_t>(std::stoul(bits.back().get<std::string>(), nullptr, 16));
+    char hex[9];
+    std::snprintf(hex, sizeof(hex), "%08x", b ^ 1u);
+    bits.back() = hex;
+    bad += j.dump() + "\n";
+  }
+  EXPECT_EQ(routed, 2);
+  std::ofstream((dir / "good.jsonl").string()) << gen.out;
+  std::ofstream((dir / "bad.jsonl").string()) << bad;
+  const std::string audit = exe + " audit --model " + ShellQuote((dir / "m").string()) + " ";
+  const CmdResult ok = RunShell(audit + ShellQuote((dir / "good.jsonl").string()));
+  EXPECT_EQ(ok.rc, 0) << ok.out << ok.err;
+  const CmdResult caught = RunShell(audit + ShellQuote((dir / "bad.jsonl").string()));
+  EXPECT_EQ(caught.rc, 1) << caught.out << caught.err;
+  EXPECT_NE(caught.out.find("routing differs"), std::string::npos) << caught.out;
+  fs::remove_all(dir);
+}
+
 TEST(GenerateCliTest, OutOfRangeSeedIsAClearError) {
   for (const char* seed :
        {"-1", "18446744073709551616", "99999999999999999999999", "1.5", "0x10", ""}) {

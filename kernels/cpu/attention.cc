@@ -25,11 +25,22 @@ const char* AttentionKernelName(AttentionKernel k) {
 
 namespace internal {
 
+namespace {
+
+// A K/V element as fp32: bf16 widens exactly.
+inline float KvValue(float x) {
+  return x;
+}
+inline float KvValue(uint16_t x) {
+  return Bf16ToF32(x);
+}
+
 // deterministic: the canonical per-chunk order of attention.h, written out plainly.
-void ChunkPartialScalar(const AttentionParams& p, const float* q, int32_t kvh,
-                        const int32_t* blocks, int32_t position, int32_t chunk,
-                        AttentionPartial* out) {
-  const ChunkView c = ViewChunk(p, kvh, blocks, position, chunk);
+template <typename T>
+void ChunkPartialScalarT(const AttentionParams& p, const float* q, int32_t kvh,
+                         const int32_t* blocks, int32_t position, int32_t chunk,
+                         AttentionPartial* out) {
+  const ChunkView<T> c = ViewChunk<T>(p, kvh, blocks, position, chunk);
   const int32_t hd = p.head_dim;
   float s[kAttentionChunk];
   for (int32_t j = 0; j < kAttentionChunk; ++j) {
@@ -38,7 +49,9 @@ void ChunkPartialScalar(const AttentionParams& p, const float* q, int32_t kvh,
       continue;
     }
     float acc = 0.0f;
-    for (int32_t d = 0; d < hd; ++d) acc = std::fma(q[d], c.k[d * p.block_size + j], acc);
+    for (int32_t d = 0; d < hd; ++d) {
+      acc = std::fma(q[d], KvValue(c.k[d * p.block_size + j]), acc);
+    }
     s[j] = acc * p.scale;
   }
   float lane[kAttentionChunk];
@@ -52,8 +65,20 @@ void ChunkPartialScalar(const AttentionParams& p, const float* q, int32_t kvh,
   out->l = l;
   for (int32_t d = 0; d < hd; ++d) out->o[d] = 0.0f;
   for (int32_t j = 0; j < c.n_valid; ++j) {
-    const float* v = c.v + static_cast<int64_t>(j) * hd;
-    for (int32_t d = 0; d < hd; ++d) out->o[d] = std::fma(pj[j], v[d], out->o[d]);
+    const T* v = c.v + static_cast<int64_t>(j) * hd;
+    for (int32_t d = 0; d < hd; ++d) out->o[d] = std::fma(pj[j], KvValue(v[d]), out->o[d]);
+  }
+}
+
+}  // namespace
+
+void ChunkPartialScalar(const AttentionParams& p, const float* q, int32_t kvh,
+                        const int32_t* blocks, int32_t position, int32_t chunk,
+                        AttentionPartial* out) {
+  if (p.kv_dtype == DType::kBF16) {
+    ChunkPartialScalarT<uint16_t>(p, q, kvh, blocks, position, chunk, out);
+  } else {
+    ChunkPartialScalarT<float>(p, q, kvh, blocks, position, chunk, out);
   }
 }
 

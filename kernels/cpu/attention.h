@@ -33,6 +33,10 @@
 // KV cache layout, one pool per layer (block_size keys per block, a multiple of kAttentionChunk):
 //   K pool [num_blocks][n_kv_heads][head_dim][block_size]   keys of a block are contiguous per d
 //   V pool [num_blocks][n_kv_heads][block_size][head_dim]
+// Element type (kv_dtype): fp32, or bf16 (uint16_t bits). A bf16 K/V element is widened exactly to
+// fp32 when it is read, and the canonical order above runs on the widened values unchanged. So a
+// bf16 cache gives the bits of an fp32 cache holding the same (rounded) values; it is a different
+// numerics fingerprint from an fp32 cache only because the values were rounded when written.
 // REQUIRES: the K/V of every key 0..position[t] were written before Attention() is called
 // (new K/V are written to the cache before attention reads them).
 #pragma once
@@ -42,6 +46,7 @@
 
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
+#include "schema/vocab.h"
 
 namespace bitroll::kernels {
 
@@ -61,8 +66,9 @@ struct AttentionParams {
   int32_t block_size = 0;              // REQUIRES block_size % kAttentionChunk == 0
   const float* q = nullptr;            // [n_tokens][n_heads][head_dim], RoPE applied
   float* out = nullptr;                // [n_tokens][n_heads][head_dim]
-  const float* k_cache = nullptr;      // this layer's K pool (layout above)
-  const float* v_cache = nullptr;      // this layer's V pool
+  const void* k_cache = nullptr;       // this layer's K pool (layout above), kv_dtype elements
+  const void* v_cache = nullptr;       // this layer's V pool
+  DType kv_dtype = DType::kF32;        // REQUIRES kF32 or kBF16
   const int32_t* positions = nullptr;  // [n_tokens]; query t attends to keys 0..positions[t]
   const int32_t* const* block_tables = nullptr;  // [n_tokens] -> block ids of the token's sequence
   float scale = 1.0f;                            // usually 1/sqrt(head_dim)

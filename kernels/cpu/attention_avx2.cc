@@ -22,9 +22,24 @@ inline __m256 LaneMask(int32_t n) {
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
 }
 
+// 8 K/V elements as fp32 (bf16 widens exactly: its bits are the high half of the fp32 bits).
+inline __m256 Load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline __m256 Load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float Load1(const float* p) {
+  return *p;
+}
+inline float Load1(const uint16_t* p) {
+  return Bf16ToF32(*p);
+}
+
 // Scores, max, exponentials and their sum for G jobs (2G interleaved score chains).
-template <int G>
-void ScoresG(const AttentionParams& p, const ChunkView* cv, const ChunkJob* jobs,
+template <int G, typename T>
+void ScoresG(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* jobs,
              float (*pj)[kAttentionChunk], AttentionPartial* out) {
   const int32_t hd = p.head_dim;
   const int64_t bs = p.block_size;
@@ -35,9 +50,9 @@ void ScoresG(const AttentionParams& p, const ChunkView* cv, const ChunkJob* jobs
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       const __m256 qd = _mm256_set1_ps(jobs[g].q[d]);
-      const float* k = cv[g].k + d * bs;
-      lo[g] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k), lo[g]);
-      hi[g] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 8), hi[g]);
+      const T* k = cv[g].k + d * bs;
+      lo[g] = _mm256_fmadd_ps(qd, Load8(k), lo[g]);
+      hi[g] = _mm256_fmadd_ps(qd, Load8(k + 8), hi[g]);
     }
   }
   const __m256 scale = _mm256_set1_ps(p.scale);
@@ -60,71 +75,81 @@ void ScoresG(const AttentionParams& p, const ChunkView* cv, const ChunkJob* jobs
 }
 
 // o[d0, d0 + 8 * NB) of one job: NB independent chains over its keys j in order.
-template <int NB>
-void ValuesBlock(int32_t hd, int32_t d0, const ChunkView& c, const float* pj,
+template <int NB, typename T>
+void ValuesBlock(int32_t hd, int32_t d0, const ChunkView<T>& c, const float* pj,
                  AttentionPartial* out) {
   __m256 o[NB];
 #pragma GCC unroll 8
   for (int b = 0; b < NB; ++b) o[b] = _mm256_setzero_ps();
   for (int32_t j = 0; j < c.n_valid; ++j) {
     const __m256 pb = _mm256_set1_ps(pj[j]);
-    const float* v = c.v + static_cast<int64_t>(j) * hd + d0;
+    const T* v = c.v + static_cast<int64_t>(j) * hd + d0;
 #pragma GCC unroll 8
-    for (int b = 0; b < NB; ++b) o[b] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v + 8 * b), o[b]);
+    for (int b = 0; b < NB; ++b) o[b] = _mm256_fmadd_ps(pb, Load8(v + 8 * b), o[b]);
   }
 #pragma GCC unroll 8
   for (int b = 0; b < NB; ++b) _mm256_storeu_ps(out->o + d0 + 8 * b, o[b]);
 }
 
-void Values(int32_t hd, const ChunkView& c, const float* pj, AttentionPartial* out) {
+template <typename T>
+void Values(int32_t hd, const ChunkView<T>& c, const float* pj, AttentionPartial* out) {
   int32_t d0 = 0;
   for (; d0 + 8 <= hd; d0 += 64) {
     switch (std::min<int32_t>(8, (hd - d0) / 8)) {
       case 8:
-        ValuesBlock<8>(hd, d0, c, pj, out);
+        ValuesBlock<8, T>(hd, d0, c, pj, out);
         break;
       case 7:
-        ValuesBlock<7>(hd, d0, c, pj, out);
+        ValuesBlock<7, T>(hd, d0, c, pj, out);
         break;
       case 6:
-        ValuesBlock<6>(hd, d0, c, pj, out);
+        ValuesBlock<6, T>(hd, d0, c, pj, out);
         break;
       case 5:
-        ValuesBlock<5>(hd, d0, c, pj, out);
+        ValuesBlock<5, T>(hd, d0, c, pj, out);
         break;
       case 4:
-        ValuesBlock<4>(hd, d0, c, pj, out);
+        ValuesBlock<4, T>(hd, d0, c, pj, out);
         break;
       case 3:
-        ValuesBlock<3>(hd, d0, c, pj, out);
+        ValuesBlock<3, T>(hd, d0, c, pj, out);
         break;
       case 2:
-        ValuesBlock<2>(hd, d0, c, pj, out);
+        ValuesBlock<2, T>(hd, d0, c, pj, out);
         break;
       default:
-        ValuesBlock<1>(hd, d0, c, pj, out);
+        ValuesBlock<1, T>(hd, d0, c, pj, out);
         break;
     }
   }
   for (d0 = hd / 8 * 8; d0 < hd; ++d0) {  // head_dim not a multiple of 8: the same chain per lane
     __m128 o = _mm_setzero_ps();
     for (int32_t j = 0; j < c.n_valid; ++j) {
-      o = _mm_fmadd_ss(_mm_set_ss(pj[j]), _mm_load_ss(c.v + j * hd + d0), o);
+      o = _mm_fmadd_ss(_mm_set_ss(pj[j]), _mm_set_ss(Load1(c.v + j * hd + d0)), o);
     }
     out->o[d0] = _mm_cvtss_f32(o);
   }
 }
 
-template <int G>
-void PartialsG(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial* out) {
-  ChunkView cv[G];
+template <int G, typename T>
+void PartialsGT(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial* out) {
+  ChunkView<T> cv[G];
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
-    cv[g] = ViewChunk(p, jobs[g].kvh, jobs[g].blocks, jobs[g].position, jobs[g].chunk);
+    cv[g] = ViewChunk<T>(p, jobs[g].kvh, jobs[g].blocks, jobs[g].position, jobs[g].chunk);
   }
   alignas(32) float pj[G][kAttentionChunk];
-  ScoresG<G>(p, cv, jobs, pj, out);
+  ScoresG<G, T>(p, cv, jobs, pj, out);
   for (int g = 0; g < G; ++g) Values(p.head_dim, cv[g], pj[g], out + g);
+}
+
+template <int G>
+void PartialsG(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial* out) {
+  if (p.kv_dtype == DType::kBF16) {
+    PartialsGT<G, uint16_t>(p, jobs, out);
+  } else {
+    PartialsGT<G, float>(p, jobs, out);
+  }
 }
 
 }  // namespace

@@ -28,16 +28,33 @@ inline __mmask16 Prefix16(int32_t n) {
   return static_cast<__mmask16>((1u << n) - 1u);
 }
 
+// 16 K/V elements as fp32 (bf16 widens exactly: its bits are the high half of the fp32 bits).
+inline __m512 Load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline __m512 Load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// Lanes outside `m` are 0 and are not read.
+inline __m512 MaskLoad16(__mmask16 m, const float* p) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+inline __m512 MaskLoad16(__mmask16 m, const uint16_t* p) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // Scores, max, exponentials and their sum for G jobs; the G score chains run interleaved.
 // pj[g][j] receives p_j of job g (0 beyond its causal edge). kSharedKv: every job reads the same
 // chunk (prefill rows of one sequence), so each K row is loaded once for all G chains.
-template <int G, bool kSharedKv>
-void ScoresG(const AttentionParams& p, const ChunkView* cv, const ChunkJob* jobs,
+template <int G, bool kSharedKv, typename T>
+void ScoresG(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* jobs,
              float (*pj)[kAttentionChunk], AttentionPartial* out) {
   const int32_t hd = p.head_dim;
   const int64_t bs = p.block_size;
   const float* q[G];
-  const float* k[G];
+  const T* k[G];
   __m512 acc[G];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) {
@@ -47,13 +64,13 @@ void ScoresG(const AttentionParams& p, const ChunkView* cv, const ChunkJob* jobs
   }
   for (int32_t d = 0; d < hd; ++d) {
     if constexpr (kSharedKv) {
-      const __m512 kd = _mm512_loadu_ps(k[0] + d * bs);
+      const __m512 kd = Load16(k[0] + d * bs);
 #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), kd, acc[g]);
     } else {
 #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
-        acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), _mm512_loadu_ps(k[g] + d * bs), acc[g]);
+        acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), Load16(k[g] + d * bs), acc[g]);
       }
     }
   }
@@ -75,8 +92,8 @@ void ScoresG(const AttentionParams& p, const ChunkView* cv, const ChunkJob* jobs
 // o[d0, d0 + 16 * NB) of H jobs: H * NB independent chains over the keys j in order. A job's
 // chain stops at its own n_valid (the masked fma keeps the accumulator unchanged after it).
 // kSharedKv: the H jobs read the same V rows, loaded once for all of them.
-template <int NB, int H, bool kSharedKv>
-void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView* cv,
+template <int NB, int H, bool kSharedKv, typename T>
+void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView<T>* cv,
                  const float (*pj)[kAttentionChunk], AttentionPartial* out) {
   __m512 o[H][NB];
   int32_t jmax = 0;
@@ -88,12 +105,12 @@ void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView* cv,
   }
   for (int32_t j = 0; j < jmax; ++j) {
     if constexpr (kSharedKv) {
-      const float* v = cv[0].v + static_cast<int64_t>(j) * hd + d0;
+      const T* v = cv[0].v + static_cast<int64_t>(j) * hd + d0;
       __m512 x[NB];
 #pragma GCC unroll 4
       for (int b = 0; b < NB; ++b) {
         const __mmask16 dm = b == NB - 1 ? last : static_cast<__mmask16>(0xFFFF);
-        x[b] = _mm512_maskz_loadu_ps(dm, v + 16 * b);
+        x[b] = MaskLoad16(dm, v + 16 * b);
       }
 #pragma GCC unroll 4
       for (int h = 0; h < H; ++h) {
@@ -107,11 +124,11 @@ void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView* cv,
       for (int h = 0; h < H; ++h) {
         const __mmask16 live = j < cv[h].n_valid ? static_cast<__mmask16>(0xFFFF) : 0;
         const __m512 pb = _mm512_set1_ps(pj[h][j]);
-        const float* v = cv[h].v + static_cast<int64_t>(j) * hd + d0;
+        const T* v = cv[h].v + static_cast<int64_t>(j) * hd + d0;
 #pragma GCC unroll 4
         for (int b = 0; b < NB; ++b) {
           const __mmask16 dm = b == NB - 1 ? last : static_cast<__mmask16>(0xFFFF);
-          const __m512 x = _mm512_maskz_loadu_ps(dm, v + 16 * b);
+          const __m512 x = MaskLoad16(dm, v + 16 * b);
           o[h][b] = _mm512_mask3_fmadd_ps(pb, x, o[h][b], live);
         }
       }
@@ -127,8 +144,8 @@ void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView* cv,
   }
 }
 
-template <int H, bool kSharedKv>
-void Values(int32_t hd, const ChunkView* cv, const float (*pj)[kAttentionChunk],
+template <int H, bool kSharedKv, typename T>
+void Values(int32_t hd, const ChunkView<T>* cv, const float (*pj)[kAttentionChunk],
             AttentionPartial* out) {
   for (int32_t d0 = 0; d0 < hd; d0 += 64) {
     const int32_t left = hd - d0;
@@ -136,44 +153,53 @@ void Values(int32_t hd, const ChunkView* cv, const float (*pj)[kAttentionChunk],
     const __mmask16 last = Prefix16(left - 16 * (nb - 1));
     switch (nb) {
       case 4:
-        ValuesBlock<4, H, kSharedKv>(hd, d0, last, cv, pj, out);
+        ValuesBlock<4, H, kSharedKv, T>(hd, d0, last, cv, pj, out);
         break;
       case 3:
-        ValuesBlock<3, H, kSharedKv>(hd, d0, last, cv, pj, out);
+        ValuesBlock<3, H, kSharedKv, T>(hd, d0, last, cv, pj, out);
         break;
       case 2:
-        ValuesBlock<2, H, kSharedKv>(hd, d0, last, cv, pj, out);
+        ValuesBlock<2, H, kSharedKv, T>(hd, d0, last, cv, pj, out);
         break;
       default:
-        ValuesBlock<1, H, kSharedKv>(hd, d0, last, cv, pj, out);
+        ValuesBlock<1, H, kSharedKv, T>(hd, d0, last, cv, pj, out);
         break;
     }
   }
 }
 
-template <int G>
-void PartialsG(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial* out) {
-  ChunkView cv[G];
+template <int G, typename T>
+void PartialsGT(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial* out) {
+  ChunkView<T> cv[G];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) {
-    cv[g] = ViewChunk(p, jobs[g].kvh, jobs[g].blocks, jobs[g].position, jobs[g].chunk);
+    cv[g] = ViewChunk<T>(p, jobs[g].kvh, jobs[g].blocks, jobs[g].position, jobs[g].chunk);
   }
   alignas(64) float pj[G][kAttentionChunk];
   bool shared = true;  // every job reads the same chunk of the same kv head
 #pragma GCC unroll 8
   for (int g = 1; g < G; ++g) shared = shared && cv[g].k == cv[0].k && cv[g].v == cv[0].v;
   if (G > 1 && shared) {
-    ScoresG<G, true>(p, cv, jobs, pj, out);
+    ScoresG<G, true, T>(p, cv, jobs, pj, out);
     int g = 0;
-    for (; g + 4 <= G; g += 4) Values<4, true>(p.head_dim, cv + g, pj + g, out + g);
-    for (; g + 2 <= G; g += 2) Values<2, true>(p.head_dim, cv + g, pj + g, out + g);
-    if (g < G) Values<1, true>(p.head_dim, cv + g, pj + g, out + g);
+    for (; g + 4 <= G; g += 4) Values<4, true, T>(p.head_dim, cv + g, pj + g, out + g);
+    for (; g + 2 <= G; g += 2) Values<2, true, T>(p.head_dim, cv + g, pj + g, out + g);
+    if (g < G) Values<1, true, T>(p.head_dim, cv + g, pj + g, out + g);
     return;
   }
-  ScoresG<G, false>(p, cv, jobs, pj, out);
+  ScoresG<G, false, T>(p, cv, jobs, pj, out);
   int g = 0;
-  for (; g + 2 <= G; g += 2) Values<2, false>(p.head_dim, cv + g, pj + g, out + g);
-  if (g < G) Values<1, false>(p.head_dim, cv + g, pj + g, out + g);
+  for (; g + 2 <= G; g += 2) Values<2, false, T>(p.head_dim, cv + g, pj + g, out + g);
+  if (g < G) Values<1, false, T>(p.head_dim, cv + g, pj + g, out + g);
+}
+
+template <int G>
+void PartialsG(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial* out) {
+  if (p.kv_dtype == DType::kBF16) {
+    PartialsGT<G, uint16_t>(p, jobs, out);
+  } else {
+    PartialsGT<G, float>(p, jobs, out);
+  }
 }
 
 }  // namespace

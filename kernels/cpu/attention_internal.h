@@ -44,23 +44,27 @@ void MergePartialAvx2(int32_t head_dim, AttentionPartial* acc, const AttentionPa
 void MergePartialAvx512(int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c);
 
 // Addresses of chunk `chunk`'s keys for kv head `kvh`: K rows [head_dim][block_size] starting at
-// the chunk's first key, and V rows [keys][head_dim].
+// the chunk's first key, and V rows [keys][head_dim]. T: the pool's element type (float, or
+// uint16_t holding bf16 bits).
+template <typename T>
 struct ChunkView {
-  const float* k;   // k[d * block_size + j] is key j's component d
-  const float* v;   // v[j * head_dim + d]
+  const T* k;       // k[d * block_size + j] is key j's component d
+  const T* v;       // v[j * head_dim + d]
   int32_t n_valid;  // keys of this chunk at or before the query position (1..kAttentionChunk)
 };
 
-inline ChunkView ViewChunk(const AttentionParams& p, int32_t kvh, const int32_t* blocks,
-                           int32_t position, int32_t chunk) {
+template <typename T>
+inline ChunkView<T> ViewChunk(const AttentionParams& p, int32_t kvh, const int32_t* blocks,
+                              int32_t position, int32_t chunk) {
   const int32_t first = chunk * kAttentionChunk;
   const int32_t block = blocks[first / p.block_size];
   const int32_t offset = first % p.block_size;
   const int64_t head_block = (static_cast<int64_t>(block) * p.n_kv_heads + kvh) *
                              static_cast<int64_t>(p.head_dim) * p.block_size;
-  ChunkView view;
-  view.k = p.k_cache + head_block + offset;
-  view.v = p.v_cache + head_block + static_cast<int64_t>(offset) * p.head_dim;
+  ChunkView<T> view;
+  view.k = static_cast<const T*>(p.k_cache) + head_block + offset;
+  view.v =
+      static_cast<const T*>(p.v_cache) + head_block + static_cast<int64_t>(offset) * p.head_dim;
   const int32_t remaining = position + 1 - first;
   view.n_valid = remaining < kAttentionChunk ? remaining : kAttentionChunk;
   return view;

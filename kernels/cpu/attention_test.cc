@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -62,6 +64,26 @@ struct Fixture {
     p.block_tables = table_ptrs.data();
     p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   }
+
+  // Switches the pools to a bf16 cache: k16/v16 hold k/v rounded to bf16 (nearest even), and k/v
+  // are replaced by those rounded values widened back to fp32 (so Naive() sees what is stored).
+  // Returns the fp32 parameters over the widened pools, for comparison.
+  AttentionParams UseBf16Kv() {
+    k16.resize(k.size());
+    v16.resize(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k16[i] = F32ToBf16(k[i]);
+      k[i] = Bf16ToF32(k16[i]);
+      v16[i] = F32ToBf16(v[i]);
+      v[i] = Bf16ToF32(v16[i]);
+    }
+    AttentionParams widened = p;
+    p.k_cache = k16.data();
+    p.v_cache = v16.data();
+    p.kv_dtype = DType::kBF16;
+    return widened;
+  }
+  std::vector<uint16_t> k16, v16;
 
   std::vector<float> Run(Isa isa, AttentionKernel kernel, ThreadPool* pool) {
     std::vector<float> out(q.size(), -1.0f);
@@ -181,6 +203,60 @@ TEST(Attention, PrefillRowsOfOneSequenceGiveTheReferenceBits) {
       }
     }
   }
+}
+
+// A bf16 KV cache: every ISA, kernel and thread count gives the scalar reference's bits, and those
+// are the bits of an fp32 cache holding the same (rounded) values: widening is exact and the order
+// is unchanged. Decode-shaped calls and prefill-shaped ones (rows sharing K/V loads).
+TEST(Attention, Bf16KvEveryKernelIsaAndThreadCountGivesTheReferenceBits) {
+  uint32_t seed = 31;
+  std::vector<std::pair<Case, bool>> cases;
+  for (const Case& c : Cases()) cases.push_back({c, false});
+  for (Case c : {Case{12, 12, 64, 16, {}}, Case{4, 2, 80, 16, {}}, Case{2, 2, 3, 16, {}}}) {
+    for (int32_t t = 0; t < 70; ++t) c.positions.push_back(t < 37 ? t : t + 90);
+    cases.push_back({c, true});
+  }
+  for (const auto& [c, one_sequence] : cases) {
+    Fixture f(c, seed++);
+    if (one_sequence) {
+      for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
+    }
+    const AttentionParams widened = f.UseBf16Kv();
+    const std::vector<float> ref = f.Reference();
+    {
+      std::vector<float> out(f.q.size(), -1.0f);
+      AttentionParams pp = widened;
+      pp.out = out.data();
+      AttentionReference(pp);
+      EXPECT_TRUE(SameBits(ref, out)) << "bf16 cache vs fp32 cache of the same values";
+    }
+    for (Isa isa : SupportedIsas()) {
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        for (AttentionKernel k :
+             {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
+          EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+              << "bf16 kv, isa " << IsaName(isa) << " threads " << threads << " kernel "
+              << AttentionKernelName(k) << " head_dim " << c.head_dim;
+        }
+      }
+    }
+    if (one_sequence) continue;  // Naive() reads each row's own table
+    const std::vector<float> got = f.Run(BestIsa(), AttentionKernel::kAuto, nullptr);
+    const std::vector<double> want = f.Naive();
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 2e-5 * (1.0 + std::fabs(want[i]))) << i;
+    }
+  }
+}
+
+// Negative control for the bf16 cache: rounding K/V to bf16 changes the output bits (which is why
+// a bf16 cache is its own numerics fingerprint), so the memcmp checks above can tell them apart.
+TEST(Attention, NegativeControlBf16KvChangesBits) {
+  Fixture f(Cases()[1], 41);
+  const std::vector<float> fp32 = f.Run(BestIsa(), AttentionKernel::kAuto, nullptr);
+  f.UseBf16Kv();
+  EXPECT_FALSE(SameBits(fp32, f.Run(BestIsa(), AttentionKernel::kAuto, nullptr)));
 }
 
 TEST(Attention, ResultDoesNotDependOnOtherRowsInTheCall) {

@@ -194,6 +194,7 @@ struct AttentionCase {
   std::vector<int32_t> positions;  // all rows of all calls
   std::vector<int32_t> sequence;   // the sequence (block table) of each row
   int32_t rows_per_call;
+  bk::DType kv = bk::DType::kF32;  // the KV pool's element type
 };
 
 int BenchAttention(bk::Isa isa, int reps, const std::string& only) {
@@ -201,12 +202,21 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only) {
   std::vector<AttentionCase> cases;
   cases.push_back({"decode b1 ctx256", {255}, {0}, 1});
   cases.push_back({"decode b1 ctx4096", {4095}, {0}, 1});
+  cases.push_back({"decode b1 ctx16384", {16383}, {0}, 1});
   {
     AttentionCase c{"decode b32 ctx129-255", {}, {}, 32};
     for (int32_t i = 0; i < 32; ++i) {
       c.positions.push_back(128 + 4 * i);
       c.sequence.push_back(i);
     }
+    cases.push_back(c);
+  }
+  for (size_t i = 1, n = cases.size(); i < n; ++i) {  // the decode cases again, with a bf16 cache
+    AttentionCase c = cases[i];
+    c.name = i == 1   ? "decode b1 ctx4096 bf16kv"
+             : i == 2 ? "decode b1 ctx16384 bf16kv"
+                      : "decode b32 ctx129-255 bf16kv";
+    c.kv = bk::DType::kBF16;
     cases.push_back(c);
   }
   for (int32_t len : {512, 4096}) {
@@ -217,7 +227,8 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only) {
     }
     cases.push_back(c);
   }
-  std::printf("\n%-24s %6s %3s %11s %9s\n", "attention", "kernel", "thr", "us/call", "GFLOP/s");
+  std::printf("\n%-27s %6s %3s %11s %9s %9s\n", "attention", "kernel", "thr", "us/call", "GFLOP/s",
+              "KV GB/s");
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0, 1.0f);
   for (const AttentionCase& c : cases) {
@@ -237,15 +248,23 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only) {
     std::vector<float> kc(pool_floats), vc(pool_floats);
     for (float& v : kc) v = dist(rng);
     for (float& v : vc) v = dist(rng);
+    std::vector<uint16_t> kc16, vc16;
+    if (c.kv == bk::DType::kBF16) {
+      for (float v : kc) kc16.push_back(bk::F32ToBf16(v));
+      for (float v : vc) vc16.push_back(bk::F32ToBf16(v));
+    }
+    const double elem = c.kv == bk::DType::kBF16 ? 2.0 : 4.0;
     const int64_t n = static_cast<int64_t>(c.positions.size());
     std::vector<float> q(n * kHeads * kHeadDim), out(q.size());
     for (float& v : q) v = dist(rng);
     std::vector<const int32_t*> row_tables(n);
-    double flops = 0;
+    double flops = 0, kv_bytes = 0;  // K/V bytes: each decode row reads its whole context
     for (int64_t i = 0; i < n; ++i) {
       row_tables[i] = tables[c.sequence[i]].data();
       flops += 4.0 * kHeads * kHeadDim * (c.positions[i] + 1);
+      kv_bytes += 2.0 * elem * kHeads * kHeadDim * (c.positions[i] + 1);
     }
+    if (c.rows_per_call > 1 && c.sequence.back() == 0) kv_bytes = 0;  // prefill: not a stream
     for (bk::AttentionKernel kernel :
          {bk::AttentionKernel::kAuto, bk::AttentionKernel::kSingle, bk::AttentionKernel::kSplit}) {
       for (int threads : {1, 2}) {
@@ -265,6 +284,11 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only) {
                 p.out = out.data() + r0 * kHeads * kHeadDim;
                 p.k_cache = kc.data();
                 p.v_cache = vc.data();
+                if (c.kv == bk::DType::kBF16) {
+                  p.k_cache = kc16.data();
+                  p.v_cache = vc16.data();
+                  p.kv_dtype = bk::DType::kBF16;
+                }
                 p.positions = c.positions.data() + r0;
                 p.block_tables = row_tables.data() + r0;
                 p.scale = 0.125f;
@@ -272,8 +296,8 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only) {
               }
             },
             reps);
-        std::printf("%-24s %6s %3d %11.1f %9.1f\n", c.name, bk::AttentionKernelName(kernel),
-                    threads, t * 1e6, flops / t / 1e9);
+        std::printf("%-27s %6s %3d %11.1f %9.1f %9.1f\n", c.name, bk::AttentionKernelName(kernel),
+                    threads, t * 1e6, flops / t / 1e9, kv_bytes / t / 1e9);
         std::fflush(stdout);
       }
     }

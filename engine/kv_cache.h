@@ -8,6 +8,9 @@
 // that sequences can share the blocks of a common prefix; a block returns to the free list when its
 // last reference is released.
 //
+// Element type (KvCacheOptions::dtype): fp32, or bf16 (uint16_t bits, rounded to nearest even by
+// Write(): half the bytes, a different numerics fingerprint; attention widens them exactly).
+//
 // Invariance: where a token's K/V lives (which block id) never changes a bit; attention reads keys
 // through the block table in position order.
 //
@@ -30,6 +33,7 @@
 #include <vector>
 
 #include "schema/status.h"
+#include "schema/vocab.h"
 
 namespace bitroll::engine {
 
@@ -50,6 +54,9 @@ struct KvCacheOptions {
   int32_t head_dim = 0;
   int32_t block_size = 16;  // a multiple of kernels::kAttentionChunk
   int64_t num_blocks = 0;   // >= 1
+  // Element type: kF32, or kBF16 (half the memory and the attention traffic; K/V are rounded when
+  // written, so a different numerics fingerprint). kF16 is refused.
+  DType dtype = DType::kF32;
 };
 
 class KvCache {
@@ -63,7 +70,7 @@ class KvCache {
   int32_t block_size() const { return opt_.block_size; }
   int64_t num_blocks() const { return opt_.num_blocks; }
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
-  int64_t bytes() const { return static_cast<int64_t>(k_.size() + v_.size()) * 4; }
+  int64_t bytes() const { return static_cast<int64_t>(k_.size() + v_.size()); }
 
   // A free block with reference count 1, or kResourceExhausted.
   Result<int32_t> Allocate();
@@ -74,7 +81,8 @@ class KvCache {
   // True when `block` is on the free list (reference count 0).
   bool IsFree(int32_t block) const { return refs_[block] == 0; }
 
-  // Floats of one block across all layers, K then V (the Export/Import payload).
+  // Floats of one block across all layers, K then V (the Export/Import payload; with a bf16 cache
+  // the payload is the bf16 bytes, two elements per float slot).
   int64_t block_floats() const { return BlockBytes(opt_) / 4; }
   // Routes CopyBlock / ExportBlock / ImportBlock to `store` (not owned; nullptr = the host pages).
   void set_store(KvBlockStore* store) { store_ = store; }
@@ -87,10 +95,12 @@ class KvCache {
   void ExportBlock(int32_t block, float* out) const;
   void ImportBlock(int32_t block, const float* in);
 
-  // This layer's host pools, as the CPU attention kernel wants them (unused with a store).
-  const float* k_layer(int32_t layer) const { return k_.data() + layer * layer_stride_; }
-  const float* v_layer(int32_t layer) const { return v_.data() + layer * layer_stride_; }
-  // Stores one token's k and v (each n_kv_heads * head_dim floats) at `slot` of `block`.
+  // This layer's host pools, as the CPU attention kernel wants them (unused with a store):
+  // options().dtype elements (float, or uint16_t bf16 bits).
+  const void* k_layer(int32_t layer) const { return k_.data() + layer * layer_stride_; }
+  const void* v_layer(int32_t layer) const { return v_.data() + layer * layer_stride_; }
+  // Stores one token's k and v (each n_kv_heads * head_dim floats) at `slot` of `block`, rounded
+  // to bf16 (nearest even) in a bf16 cache.
   void Write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v);
 
  private:
@@ -104,18 +114,19 @@ class KvCache {
     ZeroPages(const ZeroPages&) = delete;
     ZeroPages& operator=(const ZeroPages&) = delete;
     ~ZeroPages();
-    bool Map(size_t floats);  // false when the mapping fails
-    float* data() { return p_; }
-    const float* data() const { return p_; }
-    size_t size() const { return n_; }
+    bool Map(size_t bytes);  // false when the mapping fails
+    unsigned char* data() { return p_; }
+    const unsigned char* data() const { return p_; }
+    size_t size() const { return n_; }  // bytes
 
    private:
-    float* p_ = nullptr;
+    unsigned char* p_ = nullptr;
     size_t n_ = 0;
   };
 
   KvCacheOptions opt_;
-  int64_t layer_stride_ = 0;  // floats per layer in each pool
+  int64_t layer_stride_ = 0;  // bytes per layer in each pool
+  int64_t elem_ = 4;          // bytes per element
   ZeroPages k_;
   ZeroPages v_;
   std::vector<int32_t> refs_;

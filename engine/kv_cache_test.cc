@@ -72,8 +72,10 @@ TEST(KvCache, CopyBlockAndExportImportAreExact) {
   // The copy went through the attention layout: the layer pools see the same bits.
   const int64_t per = 2 * 4 * 16;
   for (int32_t l = 0; l < 2; ++l) {
-    EXPECT_EQ(0, std::memcmp(kv.k_layer(l) + a * per, kv.k_layer(l) + d * per, per * 4));
-    EXPECT_EQ(0, std::memcmp(kv.v_layer(l) + a * per, kv.v_layer(l) + d * per, per * 4));
+    const auto* kl = static_cast<const float*>(kv.k_layer(l));
+    const auto* vl = static_cast<const float*>(kv.v_layer(l));
+    EXPECT_EQ(0, std::memcmp(kl + a * per, kl + d * per, per * 4));
+    EXPECT_EQ(0, std::memcmp(vl + a * per, vl + d * per, per * 4));
   }
 }
 

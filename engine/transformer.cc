@@ -122,6 +122,14 @@ Result<std::unique_ptr<ForwardBackend>> Transformer::WithWeights(
   return std::unique_ptr<ForwardBackend>(std::move(t));
 }
 
+Status Transformer::AttachKvCache(const KvCache& cache) {
+  if (cache.options().dtype != opt_.kv_storage) {
+    return Status::InvalidArgument(
+        "transformer: the KV cache's element type differs from kv_storage");
+  }
+  return Status::Ok();
+}
+
 void Transformer::EnsureScratch(int64_t rows) {
   if (rows <= capacity_) return;
   const ModelConfig& c = w_->config;
@@ -240,6 +248,7 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     ap.out = att_.data();
     ap.k_cache = cache->k_layer(l);
     ap.v_cache = cache->v_layer(l);
+    ap.kv_dtype = cache->options().dtype;
     ap.positions = positions_.data();
     ap.block_tables = tables_.data();
     ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));

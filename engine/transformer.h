@@ -22,7 +22,8 @@
 // RoPE tables: engine/rope_scaling.h (Llama 3 scaling).
 //
 // This is the CPU ForwardBackend (engine/forward_backend.h): K/V live in the KvCache's host pages.
-// Fingerprint backend: "cpu" (fp32 weight storage) or "cpu-bf16".
+// Fingerprint backend: "cpu" (fp32 weight storage) or "cpu-bf16", plus "-kvbf16" with a bf16 KV
+// cache (TransformerOptions::kv_storage).
 //
 // Thread-safety: not thread-safe (scratch buffers); one per engine.
 #pragma once
@@ -54,6 +55,9 @@ struct TransformerOptions {
   // Weight storage for the matmuls. kBF16 halves the bytes per token; from fp32 weights it rounds
   // them, which changes the model (and its fingerprint).
   kernels::DType weight_storage = kernels::DType::kF32;
+  // KV cache element type: kF32, or kBF16 (K/V rounded to bf16 when written: half the attention
+  // traffic at long contexts, a different fingerprint). The KvCache must have this dtype.
+  kernels::DType kv_storage = kernels::DType::kF32;
   // Test seam: replaces kernels::Matmul. The invariance suite's negative control plugs a
   // deliberately batch-variant matmul in here to show the suite catches it. nullptr in production.
   void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
@@ -82,8 +86,12 @@ class Transformer final : public ForwardBackend {
                                                      const TransformerOptions& options);
 
   std::string fingerprint_backend() const override {
-    return opt_.weight_storage == kernels::DType::kBF16 ? "cpu-bf16" : "cpu";
+    std::string b = opt_.weight_storage == kernels::DType::kBF16 ? "cpu-bf16" : "cpu";
+    if (opt_.kv_storage == kernels::DType::kBF16) b += "-kvbf16";
+    return b;
   }
+  // kInvalidArgument when the cache's element type is not options().kv_storage.
+  Status AttachKvCache(const KvCache& cache) override;
   const ModelConfig& config() const override { return w_->config; }
   const ModelWeights& weights() const { return *w_; }
   const TransformerOptions& options() const { return opt_; }

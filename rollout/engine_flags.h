@@ -4,6 +4,7 @@
 //   EngineFlags f;                      // model path defaults to $BITROLL_MODEL
 //   AddEngineFlags(&parser, &f);        // --device --threads --isa --attention
 //                                       // --max-step-tokens --kv-cache-mb --weights
+//                                       // --kv-dtype
 //   BR_RETURN_IF_ERROR(CheckEngineFlags(&f));  // ranges; sets f.eo.kv_cache_bytes
 //   auto e = OpenCpuEngine(f, /*tokenizer_required=*/true, nullptr);
 //
@@ -25,19 +26,23 @@ namespace bitroll::rollout {
 struct EngineFlags {
   EngineFlags();  // eo.model_path from $BITROLL_MODEL when it is set
   engine::EngineOptions eo;
-  int64_t kv_cache_mb = 0;      // 0: sized from the model and the machine
-  std::string weights = "f32";  // CPU matmul weight storage: f32 | bf16
+  int64_t kv_cache_mb = 0;       // 0: sized from the model and the machine
+  std::string weights = "f32";   // CPU matmul weight storage: f32 | bf16
+  std::string kv_dtype = "f32";  // CPU KV cache element type: f32 | bf16
 };
 
-// Registers the group "Engine (none of these changes a bit, except --device and --weights)".
+// Registers the group "Engine (none of these changes a bit, except --device, --weights and
+// --kv-dtype)".
 void AddEngineFlags(CliParser* p, EngineFlags* f);
 
-// --kv-cache-mb in [0, 2^40] (then f->eo.kv_cache_bytes is set) and --weights f32|bf16.
+// --kv-cache-mb in [0, 2^40] (then f->eo.kv_cache_bytes is set), --weights f32|bf16 and
+// --kv-dtype f32|bf16 (bf16 with --device cpu only).
 // Errors: kInvalidArgument.
 Status CheckEngineFlags(EngineFlags* f);
 
 // Loads the model (and its tokenizer: an error when `tokenizer_required`, else the engine has
-// none) and makes a CpuEngine with f.weights' matmul storage and f.eo.device's forward backend.
+// none) and makes a CpuEngine with f.weights' matmul storage, f.kv_dtype's KV cache and
+// f.eo.device's forward backend.
 // *t_setup (if not null): when the engine setup began, the files loaded.
 Result<std::unique_ptr<engine::CpuEngine>> OpenCpuEngine(
     const EngineFlags& f, bool tokenizer_required,

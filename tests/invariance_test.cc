@@ -96,19 +96,19 @@ TEST(Invariance, PrefillEqualsDecode) {
   testing_util::CheckPrefillEqualsDecode(Cpu(EngineSetup{}));
 }
 
-// Every request of `reqs`, run together on each variant, equals the default engine's run.
+// Every request of `reqs`, run together on each variant, equals the `base` engine's run.
 void ExpectSameOnEveryVariant(const std::vector<SequenceRequest>& reqs,
-                              const std::vector<engine::EngineVariant>& variants) {
-  auto e0 = MakeEngine(EngineSetup{});
+                              const std::vector<engine::EngineVariant>& variants,
+                              const EngineSetup& base = EngineSetup{}) {
+  auto e0 = MakeEngine(base);
   ASSERT_NE(e0, nullptr);
   const auto ref = RunAll(*e0, reqs);
-  Result<engine::Mismatches> found =
-      engine::CheckVariants(CpuVariants(EngineSetup{}), reqs, ref, variants);
+  Result<engine::Mismatches> found = engine::CheckVariants(CpuVariants(base), reqs, ref, variants);
   ASSERT_TRUE(found.ok()) << found.status().ToString();
   for (const auto& m : *found) ADD_FAILURE() << m.ToString();
 }
 
-TEST(Invariance, ThreadsAndAttentionKernels) {
+void ExpectSameOnEveryThreadCountAndKernel(const EngineSetup& base) {
   std::mt19937 rng(5);
   std::vector<SequenceRequest> reqs;
   for (int i = 0; i < 6; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 300, 60, Sampled()));
@@ -121,10 +121,14 @@ TEST(Invariance, ThreadsAndAttentionKernels) {
       v.attention = attention;
     }
   }
-  ExpectSameOnEveryVariant(reqs, variants);
+  ExpectSameOnEveryVariant(reqs, variants, base);
 }
 
-TEST(Invariance, WholeGenerationOnEveryIsa) {
+TEST(Invariance, ThreadsAndAttentionKernels) {
+  ExpectSameOnEveryThreadCountAndKernel(EngineSetup{});
+}
+
+void ExpectSameOnEveryIsa(const EngineSetup& base) {
   std::mt19937 rng(6);
   std::vector<SequenceRequest> reqs;
   for (int i = 0; i < 4; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 100, 40, Sampled()));
@@ -140,7 +144,46 @@ TEST(Invariance, WholeGenerationOnEveryIsa) {
     v.threads = 2;
     v.isa = isa;
   }
-  ExpectSameOnEveryVariant(reqs, variants);
+  ExpectSameOnEveryVariant(reqs, variants, base);
+}
+
+TEST(Invariance, WholeGenerationOnEveryIsa) {
+  ExpectSameOnEveryIsa(EngineSetup{});
+}
+
+// ---- the bf16 KV cache (--kv-dtype bf16): its own fingerprint, the same promises within it ----
+
+EngineSetup Bf16Kv() {
+  EngineSetup s;
+  s.kv_storage = kernels::DType::kBF16;
+  return s;
+}
+
+TEST(InvarianceBf16Kv, BatchComposition) {
+  EXPECT_EQ(0, BatchCompositionMismatches(Bf16Kv(), Greedy()));
+  EngineSetup s = Bf16Kv();
+  s.threads = 2;
+  EXPECT_EQ(0, BatchCompositionMismatches(s, Sampled()));
+}
+
+TEST(InvarianceBf16Kv, EveryRequestOfABatchEqualsItsSoloRun) {
+  testing_util::CheckEveryRequestOfABatchEqualsItsSoloRun(Cpu(Bf16Kv()));
+}
+
+TEST(InvarianceBf16Kv, PrefillChunking) {
+  testing_util::CheckPrefillChunking(Cpu(Bf16Kv()));
+}
+
+TEST(InvarianceBf16Kv, PrefillEqualsDecode) {
+  testing_util::CheckPrefillEqualsDecode(Cpu(Bf16Kv()));
+}
+
+TEST(InvarianceBf16Kv, ThreadsAndAttentionKernels) {
+  ExpectSameOnEveryThreadCountAndKernel(Bf16Kv());
+}
+
+TEST(InvarianceBf16Kv, WholeGenerationOnEveryIsa) {
+  ExpectSameOnEveryIsa(Bf16Kv());
 }
 
 TEST(Invariance, ThousandIdenticalRequestsGiveOneOutput) {
@@ -161,6 +204,26 @@ TEST(InvarianceNegativeControl, BatchVariantMatmulIsCaught) {
   s.matmul_override = &BatchVariantMatmul;
   EXPECT_GT(BatchCompositionMismatches(s, Sampled()), 0)
       << "the batch-composition check failed to notice a split-K matmul chosen by batch size";
+}
+
+TEST(InvarianceNegativeControl, BatchVariantMatmulIsCaughtWithABf16KvCache) {
+  EngineSetup s = Bf16Kv();
+  s.matmul_override = &BatchVariantMatmul;
+  EXPECT_GT(BatchCompositionMismatches(s, Sampled()), 0)
+      << "the batch-composition check failed to notice a split-K matmul (bf16 KV cache)";
+}
+
+// The two caches are two fingerprints: the same request gives different bits (so a check that
+// compared across them would fail, and the fingerprint must tell them apart).
+TEST(InvarianceNegativeControl, Bf16KvCacheIsADifferentFingerprint) {
+  auto a = MakeEngine(EngineSetup{});
+  auto b = MakeEngine(Bf16Kv());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->info().fingerprint.backend, "cpu");
+  EXPECT_EQ(b->info().fingerprint.backend, "cpu-kvbf16");
+  const SequenceRequest r = Target(1, Sampled());
+  EXPECT_FALSE(SameTrajectory(RunAll(*a, {r})[1], RunAll(*b, {r})[1]));
 }
 
 TEST(InvarianceNegativeControl, PrefillEqualsDecodeCatchesTheVariantToo) {

@@ -2,6 +2,7 @@
 //   build/tests/bench_engine [--models-dir DIR] [--work DIR] [--reps N] [--quick]
 //                            [--model stories260K|stories110m] [--batch B] [--threads T]
 //   build/tests/bench_engine --attention-suite [--work DIR] [--reps N] [--threads T]
+//                            [--kv-dtype f32|bf16] [--weights f32|bf16] [--case SUBSTRING]
 //
 // --attention-suite: the regimes where attention dominates (docs/benchmarks.md, "Attention"), on
 // a random-weight stories110m shape with an 8,192-token context (written into --work on first
@@ -9,7 +10,8 @@
 // of 512- and 4,096-token prompts (the steps before the first token, default prefill chunking),
 // batch 32 of 128-token prompts + 128 generated tokens (decode steps only), and batch-1 decode at
 // context 256 with the attention kernel forced to single and to split. One line per case and rep,
-// then a table of medians.
+// then a table of medians. --kv-dtype / --weights: the KV cache's and the matmul weights' storage;
+// --case: only the cases whose name contains SUBSTRING.
 //
 // Decode tok/s at batch 1, 8, 32, 64 with 1 and 2 threads, and prefill tok/s, on stories260K and
 // on a random-weight stories110m (written with make-model into --work on first use), with fp32
@@ -41,6 +43,7 @@ struct Config {
   std::string attention = "auto";
   kernels::DType storage = kernels::DType::kF32;
   bool sampled = false;  // T=1 top-p 0.9 instead of greedy (llama-bench compares without sampling)
+  kernels::DType kv = kernels::DType::kF32;  // KV cache element type
 };
 
 double Median(std::vector<double> v) {
@@ -64,6 +67,7 @@ std::unique_ptr<engine::CpuEngine> Make(std::shared_ptr<const engine::ModelWeigh
   parts.options.max_step_tokens = step_tokens;
   parts.options.kv_cache_bytes = 1ll << 30;
   parts.weight_storage = cfg.storage;
+  parts.kv_storage = cfg.kv;
   auto e = engine::CpuEngine::Create(std::move(parts));
   if (!e.ok()) {
     std::fprintf(stderr, "engine: %s\n", e.status().ToString().c_str());
@@ -150,7 +154,8 @@ double ContextRun(std::shared_ptr<const engine::ModelWeights> w, const Config& c
   return decode_s > 0 ? decoded / decode_s : 0.0;
 }
 
-int AttentionSuite(const std::string& work, int reps, int threads) {
+int AttentionSuite(const std::string& work, int reps, int threads, kernels::DType kv,
+                   kernels::DType weights, const std::string& only) {
   const std::string path = work + "/stories110m-8k/model.bin";
   if (!std::filesystem::exists(path)) {
     auto shape = engine::NamedShape("stories110m");
@@ -185,7 +190,9 @@ int AttentionSuite(const std::string& work, int reps, int threads) {
   for (int rep = 0; rep < reps; ++rep) {
     for (size_t i = 0; i < std::size(cases); ++i) {
       const Case& c = cases[i];
-      Config cfg{c.batch, threads, c.attention};
+      if (std::string(c.name).find(only) == std::string::npos) continue;
+      Config cfg{c.batch, threads, c.attention, weights};
+      cfg.kv = kv;
       double pf = 0;
       const double dec = ContextRun(w, cfg, c.prompt, c.gen, &pf);
       decode[i].push_back(dec);
@@ -196,6 +203,7 @@ int AttentionSuite(const std::string& work, int reps, int threads) {
   }
   std::printf("| case | threads | prefill tok/s | decode tok/s |\n|---|---|---|---|\n");
   for (size_t i = 0; i < std::size(cases); ++i) {
+    if (std::string(cases[i].name).find(only) == std::string::npos) continue;
     std::printf("| %s | %d | %.1f | %.1f |\n", cases[i].name, threads, Median(prefill[i]),
                 cases[i].gen > 1 ? Median(decode[i]) : 0.0);
   }
@@ -212,6 +220,7 @@ int main(int argc, char** argv) {
   std::string only_model;
   int only_batch = 0, only_threads = 0;
   bool attention_suite = false;
+  std::string kv_dtype = "f32", weights = "f32", only_case;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--models-dir" && i + 1 < argc)
@@ -230,9 +239,20 @@ int main(int argc, char** argv) {
       only_batch = std::atoi(argv[++i]);
     else if (a == "--threads" && i + 1 < argc)
       only_threads = std::atoi(argv[++i]);
+    else if (a == "--kv-dtype" && i + 1 < argc)
+      kv_dtype = argv[++i];
+    else if (a == "--weights" && i + 1 < argc)
+      weights = argv[++i];
+    else if (a == "--case" && i + 1 < argc)
+      only_case = argv[++i];
   }
   std::filesystem::create_directories(work);
-  if (attention_suite) return AttentionSuite(work, reps, only_threads > 0 ? only_threads : 2);
+  if (attention_suite) {
+    return AttentionSuite(work, reps, only_threads > 0 ? only_threads : 2,
+                          kv_dtype == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32,
+                          weights == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32,
+                          only_case);
+  }
   const std::string m110 = work + "/stories110m/model.bin";
   if (!std::filesystem::exists(m110)) {
     std::fprintf(stderr, "writing random-weight stories110m to %s ...\n", m110.c_str());

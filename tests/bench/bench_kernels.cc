@@ -3,10 +3,14 @@
 //   build/kernels/bench_kernels [--isa=auto|scalar|avx2|avx512] [--reps=5] [--quick] [--clock=cpu]
 //                               [--attention[=CASE]]
 // --attention runs only the attention cases (stories110m heads: 12 x 64, block size 16): decode
-// at batch 1 (contexts 256 and 4,096) and batch 32 (contexts 129-255), and prefill of 512 and
+// at batch 1 (contexts 256, 4,096 and 16,384) and batch 32 (contexts 129-255), also with a bf16
+// KV pool ("bf16kv"; KV GB/s counts the K/V bytes a decode row streams), and prefill of 512 and
 // 4,096 rows of one sequence in 256-row calls as the engine chunks them, with the single-worker,
 // split-tail and auto kernels on 1 and 2 threads; --attention=CASE only the cases whose name
-// contains CASE (e.g. --attention=decode).
+// contains CASE (e.g. --attention=decode). The KV pool: each sequence's blocks take every other
+// block id, interleaved with the other sequences' (a busy cache), or with --kv-consecutive
+// consecutive ids (one sequence in a fresh cache). --kv-hugepages: madvise(MADV_HUGEPAGE) on the
+// pool (the engine's KvCache does not).
 // Every figure is the median of --reps repetitions; each repetition runs for >= ~20 ms.
 // --clock=wall (default) times with the wall clock. --clock=cpu divides the process CPU time by the
 // thread count instead: on a shared, oversubscribed machine this estimates what the code does when
@@ -16,6 +20,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
@@ -188,6 +193,30 @@ struct Shape {
 
 // ---- Attention on the stories110m head shape ----
 
+// A KV pool of anonymous pages, as engine/kv_cache.cc maps it; `huge`: madvise(MADV_HUGEPAGE)
+// before the first touch (2 MiB pages where the kernel grants them).
+template <typename T>
+class KvPool {
+ public:
+  KvPool(size_t n, bool huge) : n_(n) {
+    void* p =
+        mmap(nullptr, n * sizeof(T), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) std::abort();
+    if (huge) madvise(p, n * sizeof(T), MADV_HUGEPAGE);
+    p_ = static_cast<T*>(p);
+  }
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+  ~KvPool() { munmap(p_, n_ * sizeof(T)); }
+  T* data() { return p_; }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) { return p_[i]; }
+
+ private:
+  T* p_;
+  size_t n_;
+};
+
 // One attention workload: its rows, passed to Attention() rows_per_call at a time.
 struct AttentionCase {
   const char* name;
@@ -197,7 +226,8 @@ struct AttentionCase {
   bk::DType kv = bk::DType::kF32;  // the KV pool's element type
 };
 
-int BenchAttention(bk::Isa isa, int reps, const std::string& only) {
+int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecutive,
+                   bool hugepages) {
   constexpr int32_t kHeads = 12, kHeadDim = 64, kBlock = 16;
   std::vector<AttentionCase> cases;
   cases.push_back({"decode b1 ctx256", {255}, {0}, 1});
@@ -242,16 +272,19 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only) {
     // Each sequence's blocks are spread over the pool (every other block id), as a busy cache has.
     std::vector<std::vector<int32_t>> tables(n_seq);
     for (int32_t s = 0; s < n_seq; ++s) {
-      for (int32_t b = 0; b < blocks_per_seq; ++b) tables[s].push_back(2 * (b * n_seq + s));
+      for (int32_t b = 0; b < blocks_per_seq; ++b) {
+        tables[s].push_back(consecutive ? s * blocks_per_seq + b : 2 * (b * n_seq + s));
+      }
     }
     const int64_t pool_floats = int64_t{2} * n_seq * blocks_per_seq * kHeads * kHeadDim * kBlock;
-    std::vector<float> kc(pool_floats), vc(pool_floats);
-    for (float& v : kc) v = dist(rng);
-    for (float& v : vc) v = dist(rng);
-    std::vector<uint16_t> kc16, vc16;
+    KvPool<float> kc(pool_floats, hugepages), vc(pool_floats, hugepages);
+    for (int64_t i = 0; i < pool_floats; ++i) kc[i] = dist(rng);
+    for (int64_t i = 0; i < pool_floats; ++i) vc[i] = dist(rng);
+    const size_t n16 = c.kv == bk::DType::kBF16 ? pool_floats : 1;
+    KvPool<uint16_t> kc16(n16, hugepages), vc16(n16, hugepages);
     if (c.kv == bk::DType::kBF16) {
-      for (float v : kc) kc16.push_back(bk::F32ToBf16(v));
-      for (float v : vc) vc16.push_back(bk::F32ToBf16(v));
+      for (int64_t i = 0; i < pool_floats; ++i) kc16[i] = bk::F32ToBf16(kc[i]);
+      for (int64_t i = 0; i < pool_floats; ++i) vc16[i] = bk::F32ToBf16(vc[i]);
     }
     const double elem = c.kv == bk::DType::kBF16 ? 2.0 : 4.0;
     const int64_t n = static_cast<int64_t>(c.positions.size());
@@ -312,6 +345,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   bool quick = false;
   bool attention = false;
+  bool kv_consecutive = false, kv_hugepages = false;
   std::string attention_only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -321,6 +355,10 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(a.c_str() + 7));
     } else if (a == "--quick") {
       quick = true;
+    } else if (a == "--kv-consecutive") {
+      kv_consecutive = true;
+    } else if (a == "--kv-hugepages") {
+      kv_hugepages = true;
     } else if (a == "--attention") {
       attention = true;
     } else if (a.rfind("--attention=", 0) == 0) {
@@ -347,7 +385,9 @@ int main(int argc, char** argv) {
   const unsigned hw = std::thread::hardware_concurrency();
   std::printf("bench_kernels: isa=%s reps=%d (medians) clock=%s hardware threads=%u\n",
               bk::IsaName(isa), reps, Clock::cpu ? "cpu" : "wall", hw);
-  if (attention) return BenchAttention(isa, reps, attention_only);
+  if (attention) {
+    return BenchAttention(isa, reps, attention_only, kv_consecutive, kv_hugepages);
+  }
 
   // Machine limits.
   double peak[3] = {0, 0, 0}, bw[3] = {0, 0, 0};

@@ -256,4 +256,41 @@ void MergePartialAvx512(int32_t head_dim, AttentionPartial* acc, const Attention
   acc->m = m;
 }
 
+void MergePartialsAvx512(int32_t head_dim, int32_t n, AttentionPartial* const* acc,
+                         const AttentionPartial* c) {
+  alignas(64) float am[16] = {}, cm[16] = {}, al[16] = {}, cl[16] = {};
+  for (int32_t i = 0; i < n; ++i) {
+    am[i] = acc[i]->m;
+    cm[i] = c[i].m;
+    al[i] = acc[i]->l;
+    cl[i] = c[i].l;
+  }
+  const __m512 vam = _mm512_load_ps(am);
+  const __m512 vcm = _mm512_load_ps(cm);
+  // std::max(a, b) is (a < b) ? b : a, lane by lane (also for +-0 and NaN).
+  const __m512 m = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(vam, vcm, _CMP_LT_OQ), vam, vcm);
+  const __m512 a = Exp16(_mm512_sub_ps(vam, m));
+  const __m512 b = Exp16(_mm512_sub_ps(vcm, m));
+  const __m512 la = _mm512_mul_ps(_mm512_load_ps(al), a);
+  const __m512 lb = _mm512_mul_ps(_mm512_load_ps(cl), b);
+  alignas(64) float mo[16], lo[16], ao[16], bo[16];
+  _mm512_store_ps(mo, m);
+  _mm512_store_ps(lo, _mm512_add_ps(la, lb));
+  _mm512_store_ps(ao, a);
+  _mm512_store_ps(bo, b);
+  for (int32_t i = 0; i < n; ++i) {
+    AttentionPartial* t = acc[i];
+    const __m512 va = _mm512_set1_ps(ao[i]);
+    const __m512 vb = _mm512_set1_ps(bo[i]);
+    for (int32_t d0 = 0; d0 < head_dim; d0 += 16) {
+      const __mmask16 dm = Prefix16(head_dim - d0);
+      const __m512 oa = _mm512_mul_ps(_mm512_maskz_loadu_ps(dm, t->o + d0), va);
+      const __m512 ob = _mm512_mul_ps(_mm512_maskz_loadu_ps(dm, c[i].o + d0), vb);
+      _mm512_mask_storeu_ps(t->o + d0, dm, _mm512_add_ps(oa, ob));
+    }
+    t->l = lo[i];
+    t->m = mo[i];
+  }
+}
+
 }  // namespace bitroll::kernels::internal

@@ -4,11 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/attention_internal.h"
 #include "kernels/cpu/math.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -257,6 +259,41 @@ TEST(Attention, NegativeControlBf16KvChangesBits) {
   const std::vector<float> fp32 = f.Run(BestIsa(), AttentionKernel::kAuto, nullptr);
   f.UseBf16Kv();
   EXPECT_FALSE(SameBits(fp32, f.Run(BestIsa(), AttentionKernel::kAuto, nullptr)));
+}
+
+// The lane-parallel merge of independent rows (AVX-512 prefill groups) against MergePartial one
+// at a time, including equal maxima, +-0, a far smaller maximum (Exp underflows to 0) and -inf.
+TEST(Attention, LaneParallelMergeGivesMergePartialBits) {
+  if (!IsaSupported(Isa::kAvx512)) {
+    std::cerr << "*** attention_test: no AVX-512; the lane-parallel merge is NOT tested ***\n";
+    return;
+  }
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const float specials[] = {0.0f,    -0.0f,  1.0f,
+                            -200.0f, 150.0f, -std::numeric_limits<float>::infinity()};
+  for (int32_t head_dim : {3, 8, 64, 80}) {
+    for (int32_t n = 1; n <= 16; ++n) {
+      std::vector<AttentionPartial> acc(n), c(n);
+      for (int32_t i = 0; i < n; ++i) {
+        for (AttentionPartial* x : {&acc[i], &c[i]}) {
+          x->m = (rng() % 3 == 0) ? specials[rng() % 6] : nd(rng);
+          x->l = std::fabs(nd(rng)) + 1.0f;
+          for (int32_t d = 0; d < head_dim; ++d) x->o[d] = nd(rng);
+        }
+        if (rng() % 4 == 0) c[i].m = acc[i].m;  // equal maxima
+      }
+      std::vector<AttentionPartial> want = acc;
+      for (int32_t i = 0; i < n; ++i) MergePartial(Isa::kScalar, head_dim, &want[i], c[i]);
+      std::vector<AttentionPartial*> targets;
+      for (auto& a : acc) targets.push_back(&a);
+      internal::MergePartialsAvx512(head_dim, n, targets.data(), c.data());
+      for (int32_t i = 0; i < n; ++i) {
+        EXPECT_EQ(0, std::memcmp(&want[i], &acc[i], 2 * sizeof(float) + head_dim * sizeof(float)))
+            << "head_dim " << head_dim << " n " << n << " row " << i;
+      }
+    }
+  }
 }
 
 TEST(Attention, ResultDoesNotDependOnOtherRowsInTheCall) {

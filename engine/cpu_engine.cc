@@ -92,10 +92,12 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   e->info_.fingerprint.weights_hash = parts.weights->weights_hash;
   e->info_.fingerprint.kernel_version = kernels::kKernelVersion;
   e->info_.fingerprint.attention_chunk = kernels::kAttentionChunk;
-  if (parts.kv_storage != kernels::DType::kF32 && parts.kv_storage != kernels::DType::kBF16) {
-    return Status::InvalidArgument("engine: the KV cache element type must be f32 or bf16");
+  if (o.kv_dtype != "f32" && o.kv_dtype != "bf16") {
+    return Status::InvalidArgument("engine: kv_dtype '" + o.kv_dtype + "': expected f32 or bf16");
   }
-  if (parts.backend != nullptr && parts.kv_storage != kernels::DType::kF32) {
+  const kernels::DType kv_storage =
+      o.kv_dtype == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
+  if (parts.backend != nullptr && kv_storage != kernels::DType::kF32) {
     return Status::Unsupported("engine: a bf16 KV cache needs the CPU forward backend");
   }
   if (parts.backend != nullptr) {
@@ -112,7 +114,7 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
     topt.attention = attention;
     topt.pool = e->pool_.get();
     topt.weight_storage = parts.weight_storage;
-    topt.kv_storage = parts.kv_storage;
+    topt.kv_storage = kv_storage;
     topt.matmul_override = parts.matmul_override != nullptr ? parts.matmul_override : broken_matmul;
     topt.expert_matmul_override = TestBreakExpertMatmulFromEnv();
     topt.trace_position = parts.trace_position;
@@ -130,7 +132,7 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   kv.n_kv_heads = c.n_kv_heads;
   kv.head_dim = c.head_dim();
   kv.block_size = kKvBlockTokens;
-  kv.dtype = parts.kv_storage;
+  kv.dtype = kv_storage;
   const int64_t per_seq = (c.max_seq_len + kv.block_size - 1) / kv.block_size;
   const int64_t budget = o.kv_cache_bytes > 0 ? o.kv_cache_bytes
                                               : AutoKvCacheBytes(per_seq * KvCache::BlockBytes(kv),

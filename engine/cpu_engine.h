@@ -36,9 +36,6 @@ struct CpuEngineParts {
   EngineOptions options;
   // Matmul weight storage; kBF16 is a different numerics fingerprint ("cpu-bf16").
   kernels::DType weight_storage = kernels::DType::kF32;
-  // KV cache element type of the CPU Transformer: kF32, or kBF16 (fingerprint suffix "-kvbf16").
-  // Another backend (`backend` set) refuses kBF16 (kUnsupported).
-  kernels::DType kv_storage = kernels::DType::kF32;
   // Test seam (see TransformerOptions::matmul_override); nullptr in production.
   void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
                           kernels::ThreadPool*) = nullptr;

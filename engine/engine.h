@@ -137,6 +137,11 @@ struct EngineOptions {
   // KV memory budget; sets the number of blocks. 0 (the default): AutoKvCacheBytes, sized from
   // the model and the machine, so that a long-context model runs with no flag.
   int64_t kv_cache_bytes = 0;
+  // The KV cache's element type: "f32" (default) or "bf16" (CPU only: K/V rounded to bf16 when
+  // written, half the KV memory and the K/V bytes attention reads; a different numerics
+  // fingerprint, backend suffix "-kvbf16"). kInvalidArgument for other values; kUnsupported with
+  // a device backend.
+  std::string kv_dtype = "f32";
   int32_t max_step_tokens = 512;  // token budget of one step (prefill chunks + decodes)
   int32_t max_running = 256;      // sequences decoding at once
   uint64_t weight_version = 0;    // recorded on every token this engine produces

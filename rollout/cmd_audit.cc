@@ -167,9 +167,9 @@ struct AuditFlags : EngineFlags {
 };
 
 // The engine of the audit: OpenEngine, or a CPU engine with bf16 matmul weights (--weights bf16,
-// the "cpu-bf16" fingerprint of `generate --weights bf16`) or a bf16 KV cache (--kv-dtype bf16).
+// the "cpu-bf16" fingerprint of `generate --weights bf16`); --kv-dtype travels in f.eo.
 Result<std::unique_ptr<engine::Engine>> OpenAuditEngine(const AuditFlags& f) {
-  if (f.weights == "f32" && f.kv_dtype == "f32") return engine::OpenEngine(f.eo);
+  if (f.weights == "f32") return engine::OpenEngine(f.eo);
   BR_ASSIGN_OR_RETURN(std::unique_ptr<engine::CpuEngine> e,
                       OpenCpuEngine(f, /*tokenizer_required=*/false));
   return std::unique_ptr<engine::Engine>(std::move(e));

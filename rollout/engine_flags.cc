@@ -32,7 +32,7 @@ void AddEngineFlags(CliParser* p, EngineFlags* f) {
             "CPU matmul weight storage (bf16 halves memory traffic; different numerics, "
             "fingerprint cpu-bf16); --device cuda always keeps bf16 weights on the GPU",
             "f32|bf16");
-  p->String("--kv-dtype", &f->kv_dtype,
+  p->String("--kv-dtype", &f->eo.kv_dtype,
             "CPU KV cache element type (bf16 halves the K/V bytes attention reads at long "
             "contexts; K/V rounded when written: different numerics, fingerprint suffix -kvbf16)",
             "f32|bf16");
@@ -45,10 +45,10 @@ Status CheckEngineFlags(EngineFlags* f) {
   if (f->weights != "f32" && f->weights != "bf16") {
     return Status::InvalidArgument("--weights must be f32 or bf16, got '" + f->weights + "'");
   }
-  if (f->kv_dtype != "f32" && f->kv_dtype != "bf16") {
-    return Status::InvalidArgument("--kv-dtype must be f32 or bf16, got '" + f->kv_dtype + "'");
+  if (f->eo.kv_dtype != "f32" && f->eo.kv_dtype != "bf16") {
+    return Status::InvalidArgument("--kv-dtype must be f32 or bf16, got '" + f->eo.kv_dtype + "'");
   }
-  if (f->kv_dtype != "f32" && f->eo.device != "cpu") {
+  if (f->eo.kv_dtype != "f32" && f->eo.device != "cpu") {
     return Status::InvalidArgument("--kv-dtype bf16 applies to --device cpu only");
   }
   f->eo.kv_cache_bytes = f->kv_cache_mb * (int64_t{1} << 20);
@@ -70,7 +70,6 @@ Result<std::unique_ptr<engine::CpuEngine>> OpenCpuEngine(
   parts.weights = std::make_shared<const engine::ModelWeights>(std::move(w));
   parts.options = eo;
   parts.weight_storage = f.weights == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
-  parts.kv_storage = f.kv_dtype == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
   if (t_setup != nullptr) *t_setup = std::chrono::steady_clock::now();
   BR_ASSIGN_OR_RETURN(parts.backend, engine::MakeDeviceBackend(eo, parts.weights));
   return engine::CpuEngine::Create(std::move(parts));

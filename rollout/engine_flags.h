@@ -26,9 +26,8 @@ namespace bitroll::rollout {
 struct EngineFlags {
   EngineFlags();  // eo.model_path from $BITROLL_MODEL when it is set
   engine::EngineOptions eo;
-  int64_t kv_cache_mb = 0;       // 0: sized from the model and the machine
-  std::string weights = "f32";   // CPU matmul weight storage: f32 | bf16
-  std::string kv_dtype = "f32";  // CPU KV cache element type: f32 | bf16
+  int64_t kv_cache_mb = 0;      // 0: sized from the model and the machine
+  std::string weights = "f32";  // CPU matmul weight storage: f32 | bf16
 };
 
 // Registers the group "Engine (none of these changes a bit, except --device, --weights and
@@ -41,8 +40,7 @@ void AddEngineFlags(CliParser* p, EngineFlags* f);
 Status CheckEngineFlags(EngineFlags* f);
 
 // Loads the model (and its tokenizer: an error when `tokenizer_required`, else the engine has
-// none) and makes a CpuEngine with f.weights' matmul storage, f.kv_dtype's KV cache and
-// f.eo.device's forward backend.
+// none) and makes a CpuEngine with f.weights' matmul storage and f.eo.device's forward backend.
 // *t_setup (if not null): when the engine setup began, the files loaded.
 Result<std::unique_ptr<engine::CpuEngine>> OpenCpuEngine(
     const EngineFlags& f, bool tokenizer_required,

@@ -96,7 +96,7 @@ std::unique_ptr<engine::CpuEngine> MakeEngine(const EngineSetup& s,
   parts.options.kv_disk_dir = s.disk_dir;
   parts.options.preempt_every_steps = s.preempt_every_steps;
   parts.matmul_override = s.matmul_override;
-  parts.kv_storage = s.kv_storage;
+  parts.options.kv_dtype = s.kv_dtype;
   Result<std::unique_ptr<engine::CpuEngine>> e = engine::CpuEngine::Create(std::move(parts));
   if (!e.ok()) {
     ADD_FAILURE() << "engine: " << e.status().ToString();

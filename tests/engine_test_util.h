@@ -33,7 +33,7 @@ struct EngineSetup {
   int32_t max_prefill_chunk = 256;
   std::string disk_dir;  // the KV disk tier's folder; empty = none
   int32_t preempt_every_steps = 0;
-  kernels::DType kv_storage = kernels::DType::kF32;  // the KV cache's element type
+  std::string kv_dtype = "f32";  // EngineOptions::kv_dtype
   void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
                           kernels::ThreadPool*) = nullptr;
 };

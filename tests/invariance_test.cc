@@ -155,7 +155,7 @@ TEST(Invariance, WholeGenerationOnEveryIsa) {
 
 EngineSetup Bf16Kv() {
   EngineSetup s;
-  s.kv_storage = kernels::DType::kBF16;
+  s.kv_dtype = "bf16";
   return s;
 }
 

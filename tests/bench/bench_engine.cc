@@ -67,7 +67,7 @@ std::unique_ptr<engine::CpuEngine> Make(std::shared_ptr<const engine::ModelWeigh
   parts.options.max_step_tokens = step_tokens;
   parts.options.kv_cache_bytes = 1ll << 30;
   parts.weight_storage = cfg.storage;
-  parts.kv_storage = cfg.kv;
+  parts.options.kv_dtype = cfg.kv == kernels::DType::kBF16 ? "bf16" : "f32";
   auto e = engine::CpuEngine::Create(std::move(parts));
   if (!e.ok()) {
     std::fprintf(stderr, "engine: %s\n", e.status().ToString().c_str());

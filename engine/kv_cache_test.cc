@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/math.h"
+
 namespace bitroll::engine {
 namespace {
 
@@ -77,6 +79,37 @@ TEST(KvCache, CopyBlockAndExportImportAreExact) {
     EXPECT_EQ(0, std::memcmp(kl + a * per, kl + d * per, per * 4));
     EXPECT_EQ(0, std::memcmp(vl + a * per, vl + d * per, per * 4));
   }
+}
+
+// A bf16 cache: half the bytes, values rounded to nearest even when written, and the
+// export/import payload (the disk tier's) carries those bf16 bits exactly.
+TEST(KvCache, Bf16StoresRoundedValuesAndRoundTripsExactly) {
+  KvCacheOptions o = Small();
+  o.dtype = DType::kBF16;
+  EXPECT_EQ(KvCache::BlockBytes(o) * 2, KvCache::BlockBytes(Small()));
+  auto c = KvCache::Create(o);
+  ASSERT_TRUE(c.ok());
+  KvCache& kv = **c;
+  const int32_t a = *kv.Allocate(), b = *kv.Allocate();
+  FillBlock(&kv, a, 0.3f);  // 0.3 + ... is not a bf16 value: rounding is visible
+  const auto* k16 = static_cast<const uint16_t*>(kv.k_layer(1));
+  const int64_t per = 2 * 4 * 16;  // kv heads x head_dim x block_size
+  // layer 1, slot 3, head 0, d 2: k = 0.3 + 1000 + 30 + 2 at [head][d][slot]
+  EXPECT_EQ(k16[a * per + 2 * 16 + 3], kernels::F32ToBf16(0.3f + 1000 + 30 + 2));
+  EXPECT_NE(kernels::Bf16ToF32(kernels::F32ToBf16(0.3f + 1000 + 30 + 2)), 0.3f + 1000 + 30 + 2);
+  std::vector<float> pa(kv.block_floats()), pb(kv.block_floats());
+  kv.ExportBlock(a, pa.data());
+  kv.ImportBlock(b, pa.data());
+  kv.ExportBlock(b, pb.data());
+  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)));
+  for (int32_t l = 0; l < 2; ++l) {
+    const auto* kl = static_cast<const uint16_t*>(kv.k_layer(l));
+    const auto* vl = static_cast<const uint16_t*>(kv.v_layer(l));
+    EXPECT_EQ(0, std::memcmp(kl + a * per, kl + b * per, per * 2));
+    EXPECT_EQ(0, std::memcmp(vl + a * per, vl + b * per, per * 2));
+  }
+  o.dtype = DType::kF16;
+  EXPECT_EQ(KvCache::Create(o).status().code(), ErrorCode::kInvalidArgument);
 }
 
 }  // namespace

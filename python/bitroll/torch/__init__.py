@@ -1,7 +1,8 @@
 """bitroll.torch: the trainer's forward is the rollout's forward.
 
 bitroll's CPU kernels as PyTorch autograd functions (bitroll.torch.ops) and Policy, an nn.Module
-for the Llama-family models the engine serves whose log-probabilities equal the service's bit for
+for the models the engine serves (llama2.c files; Hugging Face folders, MoE included, with
+routing replay: HfPolicy) whose log-probabilities equal the service's bit for
 bit, whatever the training batch size, packing, order or thread count. Forward passes of float32
 tensors run the engine's own kernels (the compiled module bitroll_kernels_ext); float64 tensors
 run the same function in plain PyTorch math (for gradcheck). Backward passes are ordinary
@@ -14,6 +15,9 @@ from . import ops
 from .ops import (attention, linear, log_softmax, rms_norm, rope, set_num_threads, num_threads,
                   swiglu)
 from .policy import ModelConfig, Policy, pack, pad
+from .hf_policy import HfPolicy, routes_equal
+from . import moe_ops
 
 __all__ = ["ops", "attention", "linear", "log_softmax", "rms_norm", "rope", "swiglu",
-           "set_num_threads", "num_threads", "ModelConfig", "Policy", "pack", "pad"]
+           "set_num_threads", "num_threads", "ModelConfig", "Policy", "pack", "pad",
+           "HfPolicy", "routes_equal", "moe_ops"]

@@ -17,8 +17,8 @@ scoring is the sampler's log-softmax of logits / T. So a token's logprob depends
 weights and its own sequence, never on the batch size, packing, order or thread count, and it
 equals the bits the rollout reported (prefill == decode).
 
-Routing replay (MoE models): not yet; the forward of a MoE layer would take the rollout's
-recorded expert choices here (see _block). Only dense Llama-style models are served by Policy.
+Hugging Face folders (Qwen3, Qwen3-MoE, Qwen2-MoE, Llama): Policy.from_pretrained(dir) returns
+an HfPolicy (hf_policy.py), which also replays MoE routing records.
 """
 
 from dataclasses import dataclass
@@ -188,6 +188,12 @@ class Policy(nn.Module):
         tensors, _ = load_llama2c(path)
         policy.load_state_dict({n: torch.from_numpy(np.array(a)) for n, a in tensors})
         return policy
+
+    @staticmethod
+    def from_pretrained(path):
+        """A Hugging Face folder (config.json + *.safetensors) as hf_policy.HfPolicy."""
+        from .hf_policy import HfPolicy
+        return HfPolicy.from_pretrained(path)
 
     def weights(self):
         """[(name, float32 numpy array)] for Client.update_weights_tensors."""

@@ -12,6 +12,7 @@
 //                sequence: the engine's prefill order (chunks anchored at position 0, same merge)
 //   log_softmax  the sampler's scoring: logits / T (fp32 divide), kernels::LogSoftmax
 //   moe_route, moe_combine  engine/moe.cc's per-row router softmax / top-k and combine (moe_ext.cc)
+//   rope_tables, rope_tabled  RoPE on engine::ModelRopeTables' tables (Llama 3; rope_ext.cc)
 // Thread count never changes a bit (the kernels are invariant); set_num_threads picks it.
 // Thread-safety: any Python thread may call any function; one mutex serialises the computations
 // (the shared ThreadPool serves one Run at a time) and set_num_threads.
@@ -36,6 +37,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 #include "python/ext/moe_ext.h"
+#include "python/ext/rope_ext.h"
 
 namespace py = pybind11;
 namespace k = bitroll::kernels;
@@ -391,4 +393,5 @@ PYBIND11_MODULE(bitroll_kernels_ext, m) {
   m.def("set_isa", &SetIsa, py::arg("name"));
   m.def("isa", [] { return std::string(k::IsaName(g_isa)); });
   bitroll_ext::AddMoe(m, &g_isa);
+  bitroll_ext::AddRope(m, &g_isa);
 }

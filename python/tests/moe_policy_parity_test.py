@@ -1,18 +1,19 @@
 """Policy.from_pretrained (HfPolicy) equals `bitroll generate --json` bit for bit on Hugging
 Face-folder models, and replays MoE routing records.
 
-Models: make-model's qwen3-tiny (QK-norm, head_dim != dim / heads), qwen3-moe-tiny (8 experts,
-top-2, norm_topk_prob) and qwen2-moe-tiny (shared expert with its sigmoid gate, q/k/v biases).
-Trajectories (prompts of 1..12 tokens, completions up to 40 tokens) at T = 1 and 0.8, with
-routing records (--routes) for the MoE models. Checks, bitwise (uint32 views):
-  * logprobs at batch sizes 1, 3, 8, packed and padded (right, left), 1 and 2 threads;
+Models: make-model's qwen3-tiny (QK-norm, head_dim != dim / heads), llama3-tiny (Llama 3 rope
+scaling), qwen3-moe-tiny (8 experts, top-2, norm_topk_prob) and qwen2-moe-tiny (shared expert
+with its sigmoid gate, q/k/v biases). Trajectories (prompts of 1..12 tokens, completions up to
+40 tokens) at T = 1 and 0.8, with routing records (--routes) for the MoE models. Checks, bitwise
+(uint32 views):
+  * logprobs at batch sizes 1, 3, 8, all, packed and padded (right, left), 1 and 2 threads;
   * the policy's own routes equal the recorded routes (ids and weight bits);
-  * forcing the recorded routes gives the same logprobs (replay_weights "recorded" and
-    "router");
-negative controls: a perturbed route (one position's expert id in one layer) changes the next
-token's logprob and leaves the earlier ones; torch.nn.functional.linear in one expert breaks
-parity; bad routes raise ValueError. The backward through forced routes: no router gradient
-with the recorded weights, a router gradient with replay_weights="router".
+  * forcing the recorded routes gives the same logprobs (replay_weights "recorded", "router").
+Negative controls: a perturbed route (one position's expert id in one layer) changes the next
+token's logprob and leaves the earlier one; torch.nn.functional.linear in one expert (one q_proj
+for dense models) breaks parity, and so does dropping llama3-tiny's rope scaling. Bad routes
+raise ValueError. The backward through forced routes: no router gradient with the recorded
+weights, a router gradient with replay_weights="router".
 """
 
 import os
@@ -100,7 +101,7 @@ def raises(fn, what):
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    for shape in ("qwen3-tiny", "qwen3-moe-tiny", "qwen2-moe-tiny"):
+    for shape in ("qwen3-tiny", "llama3-tiny", "qwen3-moe-tiny", "qwen2-moe-tiny"):
         d = os.path.join(tmp, shape)
         subprocess.run([a.bitroll, "make-model", "--shape", shape, "--out", d, "--seed", "7"],
                        check=True, capture_output=True)
@@ -183,6 +184,13 @@ with tempfile.TemporaryDirectory() as tmp:
             lin = policy.model.layers[0].mlp.experts[int(busiest)].gate_proj
         else:
             lin = policy.model.layers[1].self_attn.q_proj
+        if shape == "llama3-tiny":  # control: the same model without its rope scaling
+            tables, policy._rope = policy._rope, None
+            got, _ = score(policy, recs, 8, "packed", 1.0, 1)
+            policy._rope = tables
+            differ = sum(int((g != want_bits(r)).sum()) for r, g in zip(recs, got))
+            c.check(differ > 0, f"{shape} negative control: without the llama3 rope scaling "
+                    f"{differ} logprob(s) differ")
         saved = lin.forward
         lin.forward = lambda x: torch.nn.functional.linear(x, lin.weight)
         got, _ = score(policy, recs, 8, "packed", 1.0, 1)

@@ -1,5 +1,5 @@
-"""bitroll.torch.moe_ops: gradcheck of route and combine (float64), the float32 kernels against
-the float64 reference, and typed errors.
+"""bitroll.torch.moe_ops: gradcheck of route and combine (float64) and of RoPE on Llama 3
+tables, the float32 kernels against the float64 reference, and typed errors.
 
 route's weights are differentiated through the softmax (and the top-k normalisation) at fixed
 expert ids; combine through the weights, the expert outputs, the shared expert and its gate.
@@ -52,6 +52,22 @@ c.check(grad_ok("combine", moe_ops.combine, (rnd(n, k, True), rnd(n, k, d, True)
 c.check(grad_ok("combine", moe_ops.combine, (rnd(n, k, True), rnd(n, k, d, True),
                                              rnd(n, True), rnd(n, d, True))),
         "gradcheck combine with a shared expert")
+
+# RoPE on the engine's Llama 3 tables (rope_tables): gradcheck, and float32 == float64.
+from bitroll.torch import ops  # noqa: E402
+tables = ops.rope_tables(500000.0, 8, 32, 8.0, 1.0, 4.0, 16)
+plain = ops.rope_tables(500000.0, 8, 32)
+pos = torch.tensor([0, 5, 31, 7], dtype=torch.int32)
+c.check(grad_ok("rope", lambda x: ops.rope(x, pos, 500000.0, False, tables),
+                (rnd(4, 2, 8, True),)), "gradcheck rope with llama3 tables")
+xr = rnd(4, 2, 8)
+c.check(torch.allclose(ops.rope(xr.float(), pos, 5e5, False, tables).double(),
+                       ops.rope(xr, pos, 5e5, False, tables), atol=1e-6) and
+        not torch.equal(tables[0], plain[0]),
+        "rope with llama3 tables: float32 kernel == float64 reference; scaling changes the table")
+c.check(torch.equal(ops.rope(xr.float(), pos, 5e5, False, plain),
+                    ops.rope(xr.float(), pos, 5e5, False)),
+        "rope with unscaled tables == rope at theta (bitwise)")
 
 # Negative control: a backward that is wrong must fail gradcheck.
 orig = moe_ops._Combine.backward

@@ -1,5 +1,5 @@
 """HfPolicy: a Hugging Face-folder model the engine serves (Qwen3, Qwen3-MoE, Qwen2-MoE, Llama
-without rope scaling), as an nn.Module on bitroll's kernels, with MoE routing replay.
+and Llama 3 rope scaling), as an nn.Module on bitroll's kernels, with MoE routing replay.
 
     policy = Policy.from_pretrained("qwen3-moe-dir")      # config.json + *.safetensors
     lp, routes = policy.logprobs(batch, routes=[t.routing for t in trajs], return_routes=True)
@@ -10,7 +10,8 @@ them (engine/loaders/hf.cc), so policy.weights() is what update_weights_tensors 
 
 Parity: the engine's order (engine/transformer.cc, engine/moe.cc). Per layer: RMSNorm, q/k/v
 projections (+ bias for Qwen2-family), Qwen3's QK-norm (RMSNorm over each head's q and k),
-half-split RoPE, attention, o_proj, residual add; then RMSNorm and the FFN. A MoE FFN runs the
+half-split RoPE (Llama 3 scaling: the engine's own tables, engine/rope_scaling.cc), attention,
+o_proj, residual add; then RMSNorm and the FFN. A MoE FFN runs the
 router (one matmul), moe_ops.route (the engine's softmax and top-k), each expert's SwiGLU MLP on
 the rows routed to it (gathered in (row, slot) order, as the engine does; a matmul output never
 depends on the other rows), and moe_ops.combine (fma in slot order, + the shared expert).
@@ -139,8 +140,10 @@ def read_config(path):
         raise ValueError(f"{path}: architecture {c.get('architectures')} is not supported "
                          f"({sorted(_ARCHS)})")
     rs = c.get("rope_scaling")
-    if rs and rs.get("rope_type", rs.get("type")) not in (None, "default"):
-        raise ValueError(f"{path}: rope_scaling {rs} is not supported by HfPolicy yet")
+    kind = rs.get("rope_type", rs.get("type")) if rs else None
+    if kind not in (None, "default", "llama3"):
+        raise ValueError(f"{path}: rope_scaling {rs} is not supported (only llama3)")
+    c["llama3_rope"] = rs if kind == "llama3" else None
     c["arch"] = arch
     c.setdefault("num_key_value_heads", c["num_attention_heads"])
     c.setdefault("head_dim", c["hidden_size"] // c["num_attention_heads"])
@@ -167,6 +170,11 @@ class HfPolicy(nn.Module):
                                           for _ in range(c["num_hidden_layers"]))
         self.model.norm = _Norm(c["hidden_size"], c["rms_norm_eps"])
         self.tied = bool(c.get("tie_word_embeddings", False))
+        rs = c["llama3_rope"]
+        self._rope = None if rs is None else ops.rope_tables(
+            np.float32(c["rope_theta"]), c["head_dim"], c["max_position_embeddings"],
+            rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"],
+            rs["original_max_position_embeddings"])
         if not self.tied:
             self.lm_head = _Lin(c["vocab_size"], c["hidden_size"])
 
@@ -204,8 +212,8 @@ class HfPolicy(nn.Module):
         if hasattr(a, "q_norm"):
             q, k = a.q_norm(q), a.k_norm(k)
         theta = float(np.float32(c["rope_theta"]))
-        q = ops.rope(q, positions, theta, False)
-        k = ops.rope(k, positions, theta, False)
+        q = ops.rope(q, positions, theta, False, self._rope)
+        k = ops.rope(k, positions, theta, False, self._rope)
         v = a.v_proj(h).reshape(-1, nkv, hd)
         return a.o_proj(ops.attention(q, k, v, cu).reshape(-1, nh * hd))
 

@@ -12,7 +12,8 @@ else raises TypeError, a bad shape ValueError.
 Ops (shapes: rows are tokens, packed):
   linear(x [.., k], weight [n, k], bias [n] or None) -> [.., n]     one fma chain per output
   rms_norm(x [.., d], weight [d], eps) -> [.., d]
-  rope(x [rows, heads, head_dim], positions [rows], theta, interleaved=True)
+  rope(x [rows, heads, head_dim], positions [rows], theta, interleaved=True, tables=None)
+      tables: rope_tables(...)'s (cos, sin), the engine's (Llama 3 rope scaling)
   swiglu(gate [.., h], up [.., h]) -> [.., h]                        silu(gate) * up
   attention(q [rows, H, hd], k [rows, KVH, hd], v [rows, KVH, hd], cu_seqlens [B+1], scale)
       causal attention within each packed sequence (rows cu[b]..cu[b+1]-1 at positions 0..len-1),
@@ -155,7 +156,7 @@ def _pairs(x, interleaved):
 
 class _Rope(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, positions, theta, interleaved):
+    def forward(ctx, x, positions, theta, interleaved, tables):
         dtype = _check("rope", x)
         if x.dim() != 3 or x.shape[-1] % 2 or positions.shape != (x.shape[0],):
             raise ValueError("rope: x must be [rows, heads, head_dim] (head_dim even) and "
@@ -163,11 +164,19 @@ class _Rope(torch.autograd.Function):
         if positions.dtype not in (torch.int32, torch.int64) or (positions < 0).any():
             raise ValueError("rope: positions must be non-negative integers")
         ctx.save_for_backward(positions)
-        ctx.theta, ctx.interleaved = theta, interleaved
+        ctx.theta, ctx.interleaved, ctx.tables = theta, interleaved, tables
+        if tables is not None and (tables[0].shape != tables[1].shape or tables[0].dim() != 2 or
+                                   tables[0].shape[1] * 2 != x.shape[-1] or
+                                   int(positions.max()) >= tables[0].shape[0]):
+            raise ValueError("rope: tables must be (cos, sin) [max_pos, head_dim / 2] covering "
+                             "every position")
         if dtype == torch.float32:
             pos = positions.to(torch.int32).contiguous().numpy()
+            if tables is not None:
+                return _run(ext.rope_tabled, _np(x), pos, _np(tables[0]), _np(tables[1]),
+                            bool(interleaved))
             return _run(ext.rope, _np(x), pos, float(theta), bool(interleaved))
-        c, s = _rope_tables(positions, x.shape[-1], theta, dtype)
+        c, s = _rope_cs(positions, x.shape[-1], theta, tables, dtype)
         c, s = c[:, None, :], s[:, None, :]
         x0, x1, join = _pairs(x, interleaved)
         return join(x0 * c - x1 * s, x0 * s + x1 * c)
@@ -175,14 +184,32 @@ class _Rope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (positions,) = ctx.saved_tensors
-        c, s = _rope_tables(positions, g.shape[-1], ctx.theta, g.dtype)
+        c, s = _rope_cs(positions, g.shape[-1], ctx.theta, ctx.tables, g.dtype)
         c, s = c[:, None, :], s[:, None, :]
         g0, g1, join = _pairs(g, ctx.interleaved)
-        return join(g0 * c + g1 * s, g1 * c - g0 * s), None, None, None
+        return join(g0 * c + g1 * s, g1 * c - g0 * s), None, None, None, None
 
 
-def rope(x, positions, theta=10000.0, interleaved=True):
-    return _Rope.apply(x, positions, theta, interleaved)
+def _rope_cs(positions, head_dim, theta, tables, dtype):
+    if tables is None:
+        return _rope_tables(positions, head_dim, theta, dtype)
+    pos = positions.long()
+    return tables[0][pos].to(dtype), tables[1][pos].to(dtype)
+
+
+def rope_tables(theta, head_dim, max_pos, factor=0.0, low_freq_factor=1.0,
+                high_freq_factor=4.0, original_max_pos=8192):
+    """The engine's (cos, sin) float32 tables [max_pos, head_dim / 2] (engine::ModelRopeTables):
+    Llama 3 rope scaling with factor > 0, kernels::RopeTable's with factor 0."""
+    cs, sn = ext.rope_tables(float(theta), int(head_dim), int(max_pos), float(factor),
+                             float(low_freq_factor), float(high_freq_factor),
+                             int(original_max_pos))
+    return torch.from_numpy(cs), torch.from_numpy(sn)
+
+
+def rope(x, positions, theta=10000.0, interleaved=True, tables=None):
+    """tables: None (kernels::RopeTable at theta) or rope_tables(...)' (cos, sin)."""
+    return _Rope.apply(x, positions, theta, interleaved, tables)
 
 
 # ---- SwiGLU --------------------------------------------------------------------------------

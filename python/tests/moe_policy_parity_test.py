@@ -176,6 +176,15 @@ with tempfile.TemporaryDirectory() as tmp:
             raises(lambda: policy.logprobs(seq, routes=[(oob, w)]),
                    f"{shape}: an expert id out of range")
             raises(lambda: policy.logprobs(seq, routes=[]), f"{shape}: no record per sequence")
+            raises(lambda: policy.logprobs(seq, routes=[{"n_experts": k_experts + 1,
+                                                         "expert_ids": ids, "weights": w}]),
+                   f"{shape}: a record of another expert count")
+            dup = ids.copy()
+            dup[0, 0, 1] = dup[0, 0, 0]
+            raises(lambda: policy.logprobs(seq, routes=[(dup, w)]),
+                   f"{shape}: one expert twice in a position")
+            raises(lambda: policy.logprobs(seq, routes=[(ids[:, :1], w[:, :1])]),
+                   f"{shape}: records of the wrong layer count")
             raises(lambda: policy.logprobs(seq, routes=[(ids, w.astype(np.float64))]),
                    f"{shape}: float64 weights")
             # Negative control: torch's own linear in the busiest expert of layer 0.
@@ -183,6 +192,8 @@ with tempfile.TemporaryDirectory() as tmp:
                                                   for x in recs])).argmax()
             lin = policy.model.layers[0].mlp.experts[int(busiest)].gate_proj
         else:
+            raises(lambda: policy.logprobs(pack([[1, 5, 6]]), routes=[None]),
+                   f"{shape}: routes given to a dense model")
             lin = policy.model.layers[1].self_attn.q_proj
         if shape == "llama3-tiny":  # control: the same model without its rope scaling
             tables, policy._rope = policy._rope, None

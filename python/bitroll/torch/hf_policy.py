@@ -263,6 +263,8 @@ class HfPolicy(nn.Module):
 
     def _packed_routes(self, batch, routes):
         """(ids [T, L, k], weights [T, L, k], forced [T]) from per-sequence records."""
+        if not self.is_moe:
+            raise ValueError("routes given to a dense (non-MoE) model")
         n_seq = batch.cu_seqlens.numel() - 1
         if len(routes) != n_seq:
             raise ValueError(f"routes: {len(routes)} records for {n_seq} sequences")
@@ -277,6 +279,9 @@ class HfPolicy(nn.Module):
             if r is None:
                 continue
             if isinstance(r, dict):
+                if r.get("n_experts", E) != E:
+                    raise ValueError(f"routes[{i}]: a record of {r['n_experts']} experts for a "
+                                     f"model of {E}")
                 ri, rw = r["expert_ids"], r["weights"]
             else:
                 ri, rw = r

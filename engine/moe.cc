@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "engine/moe_row.h"
 #include "kernels/cpu/math.h"
 #include "kernels/cpu/ops.h"
 
@@ -120,28 +121,8 @@ void MoeFfn::Forward(const MoeRunOptions& o, int32_t layer, const float* x, int6
   // Router, softmax and top-k, per row.
   Run(o.matmul, o, x, n, dim, *L.router, logits_.data(), ne);
   for (int64_t r = 0; r < n; ++r) {
-    const float* lg = logits_.data() + r * ne;
-    const float mx = kernels::MaxValue(o.isa, lg, ne);
-    const float s = kernels::SumExpShifted(o.isa, lg, ne, mx);
-    for (int64_t e = 0; e < ne; ++e) probs_[size_t(e)] = kernels::Exp(lg[e] - mx) / s;
-    int32_t* ids = ids_.data() + r * k;
-    float* ws = weights_.data() + r * k;
-    for (int64_t j = 0; j < k; ++j) {
-      int32_t best = -1;
-      for (int32_t e = 0; e < ne; ++e) {
-        bool taken = false;
-        for (int64_t i = 0; i < j; ++i) taken = taken || ids[i] == e;
-        if (taken) continue;
-        if (best < 0 || probs_[size_t(e)] > probs_[size_t(best)]) best = e;  // ties: lowest id
-      }
-      ids[j] = best;
-      ws[j] = probs_[size_t(best)];
-    }
-    if (c_.norm_topk_prob) {
-      float sum = 0.0f;
-      for (int64_t j = 0; j < k; ++j) sum = sum + ws[j];
-      for (int64_t j = 0; j < k; ++j) ws[j] = ws[j] / sum;
-    }
+    RouteRow(o.isa, logits_.data() + r * ne, int32_t(ne), int32_t(k), c_.norm_topk_prob, nullptr,
+             probs_.data(), ids_.data() + r * k, weights_.data() + r * k);
   }
   // Each expert on the rows routed to it, gathered in row order.
   for (int32_t e = 0; e < ne; ++e) {
@@ -178,18 +159,9 @@ void MoeFfn::Forward(const MoeRunOptions& o, int32_t layer, const float* x, int6
   }
   // Combine in slot order.
   for (int64_t r = 0; r < n; ++r) {
-    float* y = out + r * dim;
-    std::memset(y, 0, dim * sizeof(float));
-    for (int64_t j = 0; j < k; ++j) {
-      const float w = weights_[size_t(r * k + j)];
-      const float* ys = yslot_.data() + (r * k + j) * dim;
-      for (int64_t i = 0; i < dim; ++i) y[i] = std::fma(w, ys[i], y[i]);
-    }
-    if (sh > 0) {
-      const float g = 1.0f / (1.0f + kernels::Exp(-gate_[size_t(r)]));
-      const float* ys = shared_y_.data() + r * dim;
-      for (int64_t i = 0; i < dim; ++i) y[i] = std::fma(g, ys[i], y[i]);
-    }
+    CombineRow(weights_.data() + r * k, yslot_.data() + r * k * dim, int32_t(k), dim,
+               sh > 0 ? shared_y_.data() + r * dim : nullptr, sh > 0 ? gate_[size_t(r)] : 0.0f,
+               out + r * dim);
   }
   const int64_t stride = route_stride > 0 ? route_stride : k;
   for (int64_t r = 0; r < n; ++r) {

@@ -5,6 +5,7 @@ add_library(bitroll_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/prefix_cache.cc
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cc
   ${CMAKE_CURRENT_LIST_DIR}/moe.cc
+  ${CMAKE_CURRENT_LIST_DIR}/moe_row.cc
   ${CMAKE_CURRENT_LIST_DIR}/routing.cc
   ${CMAKE_CURRENT_LIST_DIR}/rope_scaling.cc
   ${CMAKE_CURRENT_LIST_DIR}/scheduler.cc

@@ -1,16 +1,9 @@
-// python/ext/moe_ext.cc: the mixture-of-experts row steps of engine/moe.cc for bitroll.torch.
+// python/ext/moe_ext.cc: the mixture-of-experts row steps for bitroll.torch.
 //
 // The experts' matmuls and SwiGLU are kernels_ext.cc's linear / swiglu (the same kernels on the
-// same rows); what engine/moe.cc does per row outside those kernels is repeated here in the same
-// order with the same functions, so the bits equal the engine's:
-//   moe_route    softmax of the router logits (MaxValue, SumExpShifted, math.h Exp, divide),
-//                top-k by repeated arg-max (ties to the lowest id), w_j = p_{id_j}, then with
-//                norm_topk_prob w_j / (w_0 + ... + w_{k-1}) summed in slot order. With forced ids
-//                (routing replay) the top-k is skipped and the weights are those ids' p, normalised
-//                the same way.
-//   moe_combine  out = 0; out = fmaf(w_j, y_j, out) in slot order; then, with a shared expert,
-//                g = 1 / (1 + Exp(-gate)) and out = fmaf(g, shared, out).
-// Any change to engine/moe.cc's row math must be made here too (the trainer tests catch it).
+// same rows); the router's softmax and top-k (moe_route; with forced ids for routing replay) and
+// the slot-order combine (moe_combine) run the engine's own code, engine/moe_row.h, so the bits
+// are the engine's by construction.
 #include "python/ext/moe_ext.h"
 
 #include <cmath>
@@ -20,8 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/math.h"
-#include "kernels/cpu/ops.h"
+#include "engine/moe_row.h"
 
 namespace py = pybind11;
 namespace k = bitroll::kernels;
@@ -51,34 +43,16 @@ py::tuple MoeRoute(const F32& logits, int64_t topk, bool norm_topk_prob,
   F32 ws_a({n, topk}), probs_a({n, ne});
   const k::Isa isa = *g_isa;
   for (int64_t r = 0; r < n; ++r) {
-    const float* lg = logits.data() + r * ne;
-    float* probs = probs_a.mutable_data() + r * ne;
-    const float mx = k::MaxValue(isa, lg, ne);
-    const float s = k::SumExpShifted(isa, lg, ne, mx);
-    for (int64_t e = 0; e < ne; ++e) probs[e] = k::Exp(lg[e] - mx) / s;
-    int32_t* ids = ids_a.mutable_data() + r * topk;
-    float* ws = ws_a.mutable_data() + r * topk;
-    for (int64_t j = 0; j < topk; ++j) {
-      int32_t best = -1;
-      if (forced) {
-        best = forced->data()[r * topk + j];
-        Require(best >= 0 && best < ne, "moe_route: forced expert id out of range");
-      } else {
-        for (int32_t e = 0; e < ne; ++e) {
-          bool taken = false;
-          for (int64_t i = 0; i < j; ++i) taken = taken || ids[i] == e;
-          if (taken) continue;
-          if (best < 0 || probs[e] > probs[best]) best = e;  // ties: lowest id
-        }
+    const int32_t* f = nullptr;
+    if (forced) {
+      f = forced->data() + r * topk;
+      for (int64_t j = 0; j < topk; ++j) {
+        Require(f[j] >= 0 && f[j] < ne, "moe_route: forced expert id out of range");
       }
-      ids[j] = best;
-      ws[j] = probs[best];
     }
-    if (norm_topk_prob) {
-      float sum = 0.0f;
-      for (int64_t j = 0; j < topk; ++j) sum = sum + ws[j];
-      for (int64_t j = 0; j < topk; ++j) ws[j] = ws[j] / sum;
-    }
+    bitroll::engine::RouteRow(*g_isa, logits.data() + r * ne, int32_t(ne), int32_t(topk),
+                              norm_topk_prob, f, probs_a.mutable_data() + r * ne,
+                              ids_a.mutable_data() + r * topk, ws_a.mutable_data() + r * topk);
   }
   return py::make_tuple(ids_a, ws_a, probs_a);
 }
@@ -95,20 +69,10 @@ F32 MoeCombine(const F32& w, const F32& ys, const std::optional<F32>& gate,
             "moe_combine: shared must be [rows][dim]");
   }
   F32 out({n, dim});
-  float* op = out.mutable_data();
   for (int64_t r = 0; r < n; ++r) {
-    float* y = op + r * dim;
-    std::memset(y, 0, dim * sizeof(float));
-    for (int64_t j = 0; j < topk; ++j) {
-      const float wj = w.data()[r * topk + j];
-      const float* yj = ys.data() + (r * topk + j) * dim;
-      for (int64_t i = 0; i < dim; ++i) y[i] = std::fma(wj, yj[i], y[i]);
-    }
-    if (gate) {
-      const float g = 1.0f / (1.0f + k::Exp(-gate->data()[r]));
-      const float* s = shared->data() + r * dim;
-      for (int64_t i = 0; i < dim; ++i) y[i] = std::fma(g, s[i], y[i]);
-    }
+    bitroll::engine::CombineRow(w.data() + r * topk, ys.data() + r * topk * dim, int32_t(topk), dim,
+                                gate ? shared->data() + r * dim : nullptr,
+                                gate ? gate->data()[r] : 0.0f, out.mutable_data() + r * dim);
   }
   return out;
 }

@@ -7,6 +7,7 @@
 // exercised far beyond the 512-token suite. Negative control: the bf16 cache's trajectory differs
 // from the fp32 one (rounding K/V changes bits), so the comparisons can tell caches apart.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -36,14 +37,17 @@ std::shared_ptr<const engine::ModelWeights> LongModel() {
     auto shape = engine::NamedShape("stories260k");
     if (!shape.ok()) return none;
     shape->max_seq_len = 4200;
-    const std::filesystem::path dir =
-        std::filesystem::path(::testing::TempDir()) / "bitroll_long_context_test";
+    // One directory per process: ctest runs this binary's tests as concurrent processes, and a
+    // file rewritten under another process's mapping is a SIGBUS there.
+    const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                      ("bitroll_long_context_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     const std::string model = (dir / "model.bin").string();
     if (!engine::WriteRandomModel(*shape, 7, model, (dir / "tokenizer.bin").string()).ok()) {
       return none;
     }
     auto lw = engine::LoadModelWeights(model);
+    std::filesystem::remove_all(dir);  // the mapping outlives the name
     if (!lw.ok()) return none;
     return std::make_shared<const engine::ModelWeights>(std::move(lw).value());
   }();

@@ -41,7 +41,6 @@ py::tuple MoeRoute(const F32& logits, int64_t topk, bool norm_topk_prob,
   }
   I32 ids_a({n, topk});
   F32 ws_a({n, topk}), probs_a({n, ne});
-  const k::Isa isa = *g_isa;
   for (int64_t r = 0; r < n; ++r) {
     const int32_t* f = nullptr;
     if (forced) {

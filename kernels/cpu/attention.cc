@@ -36,15 +36,16 @@ inline float KvValue(uint16_t x) {
 }
 
 // deterministic: the canonical per-chunk order of attention.h, written out plainly.
+// Keys j < first (chunk-relative) are masked as the keys beyond the causal edge are.
 template <typename T>
 void ChunkPartialScalarT(const AttentionParams& p, const float* q, int32_t kvh,
                          const int32_t* blocks, int32_t position, int32_t chunk,
-                         AttentionPartial* out) {
+                         AttentionPartial* out, int32_t first = 0) {
   const ChunkView<T> c = ViewChunk<T>(p, kvh, blocks, position, chunk);
   const int32_t hd = p.head_dim;
   float s[kAttentionChunk];
   for (int32_t j = 0; j < kAttentionChunk; ++j) {
-    if (j >= c.n_valid) {
+    if (j >= c.n_valid || j < first) {
       s[j] = -std::numeric_limits<float>::infinity();
       continue;
     }
@@ -58,13 +59,15 @@ void ChunkPartialScalarT(const AttentionParams& p, const float* q, int32_t kvh,
   std::memcpy(lane, s, sizeof(s));
   const float m = ReduceMax16(lane);
   float pj[kAttentionChunk];
-  for (int32_t j = 0; j < kAttentionChunk; ++j) pj[j] = j < c.n_valid ? Exp(s[j] - m) : 0.0f;
+  for (int32_t j = 0; j < kAttentionChunk; ++j) {
+    pj[j] = j < c.n_valid && j >= first ? Exp(s[j] - m) : 0.0f;
+  }
   std::memcpy(lane, pj, sizeof(pj));
   const float l = ReduceSum16(lane);
   out->m = m;
   out->l = l;
   for (int32_t d = 0; d < hd; ++d) out->o[d] = 0.0f;
-  for (int32_t j = 0; j < c.n_valid; ++j) {
+  for (int32_t j = first; j < c.n_valid; ++j) {
     const T* v = c.v + static_cast<int64_t>(j) * hd;
     for (int32_t d = 0; d < hd; ++d) out->o[d] = std::fma(pj[j], KvValue(v[d]), out->o[d]);
   }
@@ -79,6 +82,17 @@ void ChunkPartialScalar(const AttentionParams& p, const float* q, int32_t kvh,
     ChunkPartialScalarT<uint16_t>(p, q, kvh, blocks, position, chunk, out);
   } else {
     ChunkPartialScalarT<float>(p, q, kvh, blocks, position, chunk, out);
+  }
+}
+
+void ChunkPartialWindowScalar(const AttentionParams& p, const float* q, int32_t kvh,
+                              const int32_t* blocks, int32_t position, int32_t lo, int32_t chunk,
+                              AttentionPartial* out) {
+  const int32_t first = std::max(0, lo - chunk * kAttentionChunk);
+  if (p.kv_dtype == DType::kBF16) {
+    ChunkPartialScalarT<uint16_t>(p, q, kvh, blocks, position, chunk, out, first);
+  } else {
+    ChunkPartialScalarT<float>(p, q, kvh, blocks, position, chunk, out, first);
   }
 }
 
@@ -141,8 +155,8 @@ using internal::kMaxChunkJobs;
 constexpr int32_t kGroupQueries = 8;
 
 // out[i] <- the canonical partial of jobs[i]; bit-identical to ChunkPartial of each job alone.
-void ChunkPartials(Isa isa, const AttentionParams& p, const ChunkJob* jobs, int32_t n,
-                   AttentionPartial* out) {
+void ChunkPartialsIsa(Isa isa, const AttentionParams& p, const ChunkJob* jobs, int32_t n,
+                      AttentionPartial* out) {
   switch (isa) {
     case Isa::kAvx512:
       internal::ChunkPartialsAvx512(p, jobs, n, out);
@@ -159,6 +173,39 @@ void ChunkPartials(Isa isa, const AttentionParams& p, const ChunkJob* jobs, int3
   }
 }
 
+// Jobs whose chunk has keys masked below the window run the shared scalar window code; the rest
+// run the ISA's code (same bits as scalar). Which code runs depends only on (position, chunk, W).
+void ChunkPartials(Isa isa, const AttentionParams& p, const ChunkJob* jobs, int32_t n,
+                   AttentionPartial* out) {
+  bool any = false;
+  for (int32_t i = 0; i < n; ++i) any = any || jobs[i].lo > jobs[i].chunk * kAttentionChunk;
+  if (!any) {
+    ChunkPartialsIsa(isa, p, jobs, n, out);
+    return;
+  }
+  ChunkJob plain[kMaxChunkJobs];
+  int32_t where[kMaxChunkJobs];
+  int32_t n_plain = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const ChunkJob& j = jobs[i];
+    if (j.lo > j.chunk * kAttentionChunk) {
+      internal::ChunkPartialWindowScalar(p, j.q, j.kvh, j.blocks, j.position, j.lo, j.chunk,
+                                         &out[i]);
+    } else {
+      where[n_plain] = i;
+      plain[n_plain++] = j;
+    }
+  }
+  if (n_plain == 0) return;
+  AttentionPartial tmp[kMaxChunkJobs];
+  ChunkPartialsIsa(isa, p, plain, n_plain, tmp);
+  for (int32_t k = 0; k < n_plain; ++k) {
+    out[where[k]].m = tmp[k].m;
+    out[where[k]].l = tmp[k].l;
+    std::memcpy(out[where[k]].o, tmp[k].o, sizeof(float) * p.head_dim);
+  }
+}
+
 // acc <- c (the merge's starting state is chunk 0's partial, unchanged).
 void CopyPartial(int32_t head_dim, const AttentionPartial& c, AttentionPartial* acc) {
   acc->m = c.m;
@@ -166,14 +213,33 @@ void CopyPartial(int32_t head_dim, const AttentionPartial& c, AttentionPartial* 
   std::memcpy(acc->o, c.o, sizeof(float) * head_dim);
 }
 
-inline int32_t NumChunks(int32_t position) {
-  return position / kAttentionChunk + 1;
-}
-
 struct Item {
   int32_t token;
   int32_t head;
 };
+
+// The first key of token t's window (0 for full attention).
+inline int32_t WindowLo(const AttentionParams& p, int32_t token) {
+  if (p.window <= 0) return 0;
+  const int32_t anchor =
+      p.test_window_anchor != nullptr ? p.test_window_anchor[token] : p.positions[token];
+  return std::max(0, anchor - p.window + 1);
+}
+
+// Token t's chunks: FirstChunk .. positions[t] / S, NumChunks of them.
+inline int32_t FirstChunk(const AttentionParams& p, int32_t token) {
+  return WindowLo(p, token) / kAttentionChunk;
+}
+inline int32_t NumChunks(const AttentionParams& p, int32_t token) {
+  return p.positions[token] / kAttentionChunk + 1 - FirstChunk(p, token);
+}
+
+// The merge's starting state when the head has a sink: (m = sink, l = 1, o = 0).
+inline void SinkPartial(const AttentionParams& p, int32_t head, AttentionPartial* acc) {
+  acc->m = p.sinks[head];
+  acc->l = 1.0f;
+  for (int32_t d = 0; d < p.head_dim; ++d) acc->o[d] = 0.0f;
+}
 
 inline Item ItemOf(const AttentionParams& p, int64_t index) {
   return {static_cast<int32_t>(index / p.n_heads), static_cast<int32_t>(index % p.n_heads)};
@@ -191,9 +257,10 @@ inline int32_t KvHeadOf(const AttentionParams& p, int32_t head) {
   return head / (p.n_heads / p.n_kv_heads);
 }
 
-inline ChunkJob JobOf(const AttentionParams& p, Item it, int32_t chunk) {
-  return {QueryOf(p, it), p.block_tables[it.token], KvHeadOf(p, it.head), p.positions[it.token],
-          chunk};
+// The job of token it's rel-th chunk in its window (chunk FirstChunk + rel).
+inline ChunkJob JobOf(const AttentionParams& p, Item it, int32_t rel) {
+  return {QueryOf(p, it),        p.block_tables[it.token],      KvHeadOf(p, it.head),
+          p.positions[it.token], FirstChunk(p, it.token) + rel, WindowLo(p, it.token)};
 }
 
 // The single-worker kernel for the items (tokens first .. first + n_queries - 1, head `head`):
@@ -207,11 +274,14 @@ void RunSingle(Isa isa, const AttentionParams& p, int32_t first, int32_t n_queri
   AttentionPartial parts[kMaxChunkJobs];
   ChunkJob jobs[kMaxChunkJobs];
   int32_t owner[kMaxChunkJobs];
+  int32_t rel[kMaxChunkJobs];  // the job's chunk index within its window
   int32_t n_chunks[kGroupQueries];
   int32_t max_chunks = 0;
+  const bool sink = p.sinks != nullptr;
   for (int32_t i = 0; i < n_queries; ++i) {
-    n_chunks[i] = NumChunks(p.positions[first + i]);
+    n_chunks[i] = NumChunks(p, first + i);
     max_chunks = std::max(max_chunks, n_chunks[i]);
+    if (sink) SinkPartial(p, head, &acc[i]);
   }
   int32_t n_jobs = 0;
   auto flush = [&] {
@@ -220,7 +290,7 @@ void RunSingle(Isa isa, const AttentionParams& p, int32_t first, int32_t n_queri
     // and the merges are independent: AVX-512 runs them as the lanes of one register.
     bool distinct = isa == Isa::kAvx512 && n_jobs > 1;
     for (int32_t k = 0; k < n_jobs && distinct; ++k) {
-      distinct = jobs[k].chunk > 0 && (k == 0 || owner[k] > owner[k - 1]);  // one chunk
+      distinct = (sink || rel[k] > 0) && (k == 0 || owner[k] > owner[k - 1]);  // one chunk
     }
     if (distinct) {
       AttentionPartial* targets[kMaxChunkJobs];
@@ -230,7 +300,7 @@ void RunSingle(Isa isa, const AttentionParams& p, int32_t first, int32_t n_queri
       return;
     }
     for (int32_t k = 0; k < n_jobs; ++k) {
-      if (jobs[k].chunk == 0) {
+      if (rel[k] == 0 && !sink) {
         CopyPartial(p.head_dim, parts[k], &acc[owner[k]]);
       } else {
         MergePartial(isa, p.head_dim, &acc[owner[k]], parts[k]);
@@ -243,6 +313,7 @@ void RunSingle(Isa isa, const AttentionParams& p, int32_t first, int32_t n_queri
       if (c >= n_chunks[i]) continue;
       jobs[n_jobs] = JobOf(p, {first + i, head}, c);
       owner[n_jobs] = i;
+      rel[n_jobs] = c;
       if (++n_jobs == kMaxChunkJobs) flush();
     }
   }
@@ -280,7 +351,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   is_split.assign(n_items, 0);
   int64_t n_partials = 0;
   for (int64_t i = first_split; i < n_items; ++i) {
-    const int32_t n = NumChunks(p.positions[ItemOf(p, i).token]);
+    const int32_t n = NumChunks(p, ItemOf(p, i).token);
     if (n < 2 && kernel != AttentionKernel::kSplit) continue;
     split_items.push_back(i);
     chunk_base.push_back(n_partials);
@@ -316,7 +387,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     if (group_n > 0) tasks.insert(tasks.end(), {group_first, group_n, h});
   }
   for (size_t k = 0; k < split_items.size(); ++k) {
-    const int32_t n = NumChunks(p.positions[ItemOf(p, split_items[k]).token]);
+    const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).token);
     const int32_t per =
         std::clamp<int32_t>((n + workers - 1) / workers, 1, static_cast<int32_t>(kMaxChunkJobs));
     for (int32_t c0 = 0; c0 < n; c0 += per) {
@@ -341,11 +412,17 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   // Phase 2: one worker per split item merges its partials left to right.
   auto phase2 = [&](int /*worker*/, int64_t k) {
     const Item it = ItemOf(p, split_items[k]);
-    const int32_t n = NumChunks(p.positions[it.token]);
+    const int32_t n = NumChunks(p, it.token);
     const AttentionPartial* parts = &s->partials[chunk_base[k]];
     AttentionPartial acc;
-    CopyPartial(p.head_dim, parts[0], &acc);
-    for (int32_t c = 1; c < n; ++c) MergePartial(isa, p.head_dim, &acc, parts[c]);
+    int32_t c = 1;
+    if (p.sinks != nullptr) {
+      SinkPartial(p, it.head, &acc);
+      c = 0;
+    } else {
+      CopyPartial(p.head_dim, parts[0], &acc);
+    }
+    for (; c < n; ++c) MergePartial(isa, p.head_dim, &acc, parts[c]);
     FinishPartial(isa, p.head_dim, acc, OutOf(p, it));
   };
   const int64_t n_split = static_cast<int64_t>(split_items.size());
@@ -364,12 +441,14 @@ void AttentionReference(const AttentionParams& p) {
     const int32_t pos = p.positions[it.token];
     const float* q = QueryOf(p, it);
     const int32_t kvh = KvHeadOf(p, it.head);
+    const int32_t lo = WindowLo(p, it.token), c0 = lo / kAttentionChunk;
     AttentionPartial acc;
     AttentionPartial part;
-    internal::ChunkPartialScalar(p, q, kvh, p.block_tables[it.token], pos, 0, &acc);
-    for (int32_t c = 1; c < NumChunks(pos); ++c) {
-      internal::ChunkPartialScalar(p, q, kvh, p.block_tables[it.token], pos, c, &part);
-      MergePartial(Isa::kScalar, p.head_dim, &acc, part);
+    if (p.sinks != nullptr) SinkPartial(p, it.head, &acc);
+    for (int32_t c = c0; c <= pos / kAttentionChunk; ++c) {
+      AttentionPartial* dst = c == c0 && p.sinks == nullptr ? &acc : &part;
+      internal::ChunkPartialWindowScalar(p, q, kvh, p.block_tables[it.token], pos, lo, c, dst);
+      if (dst == &part) MergePartial(Isa::kScalar, p.head_dim, &acc, part);
     }
     FinishPartial(Isa::kScalar, p.head_dim, acc, OutOf(p, it));
   }

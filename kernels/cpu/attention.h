@@ -39,6 +39,18 @@
 // numerics fingerprint from an fp32 cache only because the values were rounded when written.
 // REQUIRES: the K/V of every key 0..position[t] were written before Attention() is called
 // (new K/V are written to the cache before attention reads them).
+//
+// Sliding window and sinks (docs/design.md, "Sliding windows and attention sinks"):
+//   window W > 0: query t attends to keys lo..t, lo = max(0, t - W + 1). The chunks stay anchored
+//   at position 0; chunks wholly before lo are skipped, and inside the chunk holding lo the keys
+//   j < lo are masked exactly like the keys beyond the causal edge (s_j = -inf, p_j = 0, no fma
+//   into o). The mask depends only on the key's and the query's absolute positions, never on the
+//   call. A chunk with masked leading keys runs the scalar chunk code on every ISA (which has the
+//   bits of every ISA's code); a chunk without them runs the ISA's code as before.
+//   sinks: per query head, a learned logit that joins the softmax denominator with no value. The
+//   merge starts from the partial (m = sink, l = 1, o = 0) and absorbs the first chunk in the
+//   window, then the next ones, left to right, in every kernel.
+//   Without window and sinks, nothing changes: the full-attention bits are those of version 1.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +84,12 @@ struct AttentionParams {
   const int32_t* positions = nullptr;  // [n_tokens]; query t attends to keys 0..positions[t]
   const int32_t* const* block_tables = nullptr;  // [n_tokens] -> block ids of the token's sequence
   float scale = 1.0f;                            // usually 1/sqrt(head_dim)
+  int32_t window = 0;            // sliding window W (keys t-W+1..t); 0 = full attention
+  const float* sinks = nullptr;  // [n_heads] sink logits (scaled-score units); nullptr = none
+  // TEST ONLY (BITROLL_TEST_BREAK_INVARIANCE=window_chunk): [n_tokens] positions that replace
+  // positions[t] in the window's lower edge, so the mask depends on the call. nullptr in
+  // production.
+  const int32_t* test_window_anchor = nullptr;
 };
 
 // One chunk's partial for one (token, head): running max, sum of exponentials, value accumulator.

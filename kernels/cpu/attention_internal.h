@@ -14,6 +14,7 @@ struct ChunkJob {
   int32_t kvh;
   int32_t position;
   int32_t chunk;
+  int32_t lo = 0;  // first key in the window (0 = none masked below)
 };
 
 // The most jobs one ChunkPartials* call takes.
@@ -23,6 +24,11 @@ inline constexpr int32_t kMaxChunkJobs = 8;
 void ChunkPartialScalar(const AttentionParams& p, const float* q, int32_t kvh,
                         const int32_t* blocks, int32_t position, int32_t chunk,
                         AttentionPartial* out);
+// The same with the keys j < lo masked (sliding window); lo <= position. The one windowed chunk
+// code, shared by every ISA. With lo <= the chunk's first key it is ChunkPartialScalar.
+void ChunkPartialWindowScalar(const AttentionParams& p, const float* q, int32_t kvh,
+                              const int32_t* blocks, int32_t position, int32_t lo, int32_t chunk,
+                              AttentionPartial* out);
 void ChunkPartialAvx2(const AttentionParams& p, const float* q, int32_t kvh, const int32_t* blocks,
                       int32_t position, int32_t chunk, AttentionPartial* out);
 void ChunkPartialAvx512(const AttentionParams& p, const float* q, int32_t kvh,

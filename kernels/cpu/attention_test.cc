@@ -358,5 +358,159 @@ TEST(Attention, NegativeControlTreeMergeChangesBits) {
     ASSERT_NEAR(tree[i], want[i], 2e-5 * (1 + std::fabs(want[i])));
 }
 
+// ---- sliding window and sinks ----
+
+namespace window {
+
+// Naive windowed attention with sinks in double precision.
+std::vector<double> Naive(Fixture& f, int32_t window, const std::vector<float>& sinks) {
+  const Case& c = f.c;
+  std::vector<double> out(f.q.size());
+  for (size_t t = 0; t < c.positions.size(); ++t) {
+    const int32_t pos = c.positions[t], lo = window > 0 ? std::max(0, pos - window + 1) : 0;
+    for (int32_t h = 0; h < c.n_heads; ++h) {
+      const int32_t kvh = h / (c.n_heads / c.n_kv_heads);
+      const float* qv = f.q.data() + (t * c.n_heads + h) * c.head_dim;
+      std::vector<double> s(pos + 1, 0.0);
+      double m = sinks.empty() ? -1e300 : sinks[h];
+      for (int32_t j = lo; j <= pos; ++j) {
+        const int64_t blk = f.tables[t][j / c.block_size], slot = j % c.block_size;
+        const float* kb = f.k.data() + (blk * c.n_kv_heads + kvh) * c.head_dim * c.block_size;
+        double acc = 0;
+        for (int32_t d = 0; d < c.head_dim; ++d) acc += double(qv[d]) * kb[d * c.block_size + slot];
+        s[j] = acc / std::sqrt(double(c.head_dim));
+        m = std::max(m, s[j]);
+      }
+      double l = sinks.empty() ? 0.0 : std::exp(sinks[h] - m);
+      for (int32_t j = lo; j <= pos; ++j) l += (s[j] = std::exp(s[j] - m));
+      for (int32_t d = 0; d < c.head_dim; ++d) {
+        double acc = 0;
+        for (int32_t j = lo; j <= pos; ++j) {
+          const int64_t blk = f.tables[t][j / c.block_size], slot = j % c.block_size;
+          const float* vb = f.v.data() + (blk * c.n_kv_heads + kvh) * c.head_dim * c.block_size;
+          acc += s[j] * vb[slot * c.head_dim + d];
+        }
+        out[(t * c.n_heads + h) * c.head_dim + d] = acc / l;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> Sinks(int32_t n_heads, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> s(n_heads);
+  for (float& x : s) x = nd(rng);
+  return s;
+}
+
+// One prefill-shaped sequence (rows 0..n-1 share the longest table) and windows that are not
+// multiples of the chunk, so windows start inside chunks and span chunk boundaries.
+Case PrefillCase(int32_t n_heads, int32_t n_kv, int32_t hd, int32_t bs, int32_t n) {
+  Case c{n_heads, n_kv, hd, bs, {}};
+  for (int32_t t = 0; t < n; ++t) c.positions.push_back(t);
+  return c;
+}
+
+}  // namespace window
+
+TEST(AttentionWindow, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) {
+  uint32_t seed = 71;
+  for (bool prefill : {false, true}) {
+    for (bool bf16 : {false, true}) {
+      Case c = prefill ? window::PrefillCase(4, 2, 24, 32, 90)
+                       : Case{8, 4, 8, 16, {0, 5, 7, 8, 9, 16, 23, 40, 77, 100, 255}};
+      Fixture f(c, seed++);
+      if (prefill) {
+        for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
+      }
+      if (bf16) f.UseBf16Kv();
+      for (int32_t w : {1, 8, 20, 37}) {
+        for (bool sinks : {false, true}) {
+          const std::vector<float> sk = window::Sinks(c.n_heads, seed + w);
+          f.p.window = w;
+          f.p.sinks = sinks ? sk.data() : nullptr;
+          const std::vector<float> ref = f.Reference();
+          for (Isa isa : SupportedIsas()) {
+            for (int threads : {1, 3}) {
+              ThreadPool pool(threads);
+              for (AttentionKernel k :
+                   {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
+                EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+                    << "isa " << IsaName(isa) << " threads " << threads << " kernel "
+                    << AttentionKernelName(k) << " W " << w << " sinks " << sinks << " bf16 "
+                    << bf16 << " prefill " << prefill;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A row's bits do not depend on which rows share the call (chunked prefill cut anywhere).
+TEST(AttentionWindow, RowDoesNotDependOnTheCallsOtherRows) {
+  Fixture f(window::PrefillCase(4, 2, 16, 16, 70), 81);
+  for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
+  const std::vector<float> sk = window::Sinks(4, 5);
+  f.p.window = 20;
+  f.p.sinks = sk.data();
+  ThreadPool pool(2);
+  const std::vector<float> whole = f.Run(BestIsa(), AttentionKernel::kAuto, &pool);
+  const int64_t row = int64_t{f.c.n_heads} * f.c.head_dim;
+  for (int32_t start : {0, 9, 21, 33, 47}) {
+    for (int32_t len : {1, 5, 13}) {
+      if (start + len > 70) continue;
+      AttentionParams pp = f.p;
+      pp.n_tokens = len;
+      pp.q = f.q.data() + start * row;
+      pp.positions = f.c.positions.data() + start;
+      pp.block_tables = f.table_ptrs.data() + start;
+      std::vector<float> out(len * row);
+      pp.out = out.data();
+      Attention(BestIsa(), pp, AttentionKernel::kAuto, &pool, nullptr);
+      EXPECT_EQ(0, std::memcmp(out.data(), whole.data() + start * row, out.size() * 4))
+          << "rows " << start << ".." << start + len - 1;
+    }
+  }
+}
+
+TEST(AttentionWindow, MatchesDoublePrecisionWindowedAttentionWithSinks) {
+  Fixture f(window::PrefillCase(4, 2, 32, 16, 80), 91);
+  for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
+  for (auto& t : f.tables) t = f.tables.back();
+  for (int32_t w : {8, 20}) {
+    for (bool sinks : {false, true}) {
+      const std::vector<float> sk = sinks ? window::Sinks(4, 7) : std::vector<float>{};
+      f.p.window = w;
+      f.p.sinks = sinks ? sk.data() : nullptr;
+      const std::vector<float> got = f.Reference();
+      const std::vector<double> want = window::Naive(f, w, sk);
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+      EXPECT_LT(worst, 1e-5) << "W " << w << " sinks " << sinks;
+      // Control: the full-attention truth is far away (the window matters).
+      const std::vector<double> full = window::Naive(f, 0, sk);
+      double diff = 0;
+      for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, std::abs(got[i] - full[i]));
+      EXPECT_GT(diff, 1e-2) << "W " << w;
+    }
+  }
+}
+
+// Negative control: a window edge anchored at the first row of the call (the prefill chunk's
+// start) instead of each query's own position changes the bits of a chunked prefill.
+TEST(AttentionWindow, NegativeControlWindowAnchoredAtCallStartChangesBits) {
+  Fixture f(window::PrefillCase(4, 2, 16, 16, 64), 101);
+  for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
+  f.p.window = 20;
+  const std::vector<float> ref = f.Reference();
+  std::vector<int32_t> anchor(64, 0);  // one call: every row anchored at position 0
+  f.p.test_window_anchor = anchor.data();
+  EXPECT_FALSE(SameBits(ref, f.Run(BestIsa(), AttentionKernel::kAuto, nullptr)));
+}
+
 }  // namespace
 }  // namespace bitroll::kernels

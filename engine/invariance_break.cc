@@ -33,15 +33,22 @@ Result<MatmulFn> TestBreakMatmulFromEnv() {
   const char* v = std::getenv(kTestBreakInvarianceEnv);
   if (v == nullptr || *v == '\0') return MatmulFn{nullptr};
   if (std::string(v) == "matmul") return &BatchVariantMatmul;
-  if (std::string(v) == "expert_matmul") return MatmulFn{nullptr};
+  if (std::string(v) == "expert_matmul" || std::string(v) == "window_chunk") {
+    return MatmulFn{nullptr};
+  }
   return Status::InvalidArgument(std::string(kTestBreakInvarianceEnv) + "='" + v +
-                                 "': the test switches are 'matmul' and 'expert_matmul' (unset it "
-                                 "to serve)");
+                                 "': the test switches are 'matmul', 'expert_matmul' and "
+                                 "'window_chunk' (unset it to serve)");
 }
 
 MatmulFn TestBreakExpertMatmulFromEnv() {
   const char* v = std::getenv(kTestBreakInvarianceEnv);
   return v != nullptr && std::string(v) == "expert_matmul" ? &BatchVariantMatmul : nullptr;
+}
+
+bool TestBreakWindowChunkFromEnv() {
+  const char* v = std::getenv(kTestBreakInvarianceEnv);
+  return v != nullptr && std::string(v) == "window_chunk";
 }
 
 }  // namespace bitroll::engine

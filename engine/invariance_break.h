@@ -12,7 +12,10 @@
 // show, through the real `bitroll` command line, that a broken kernel is caught at start-up.
 // BITROLL_TEST_BREAK_INVARIANCE=expert_matmul plugs it into the routed experts of
 // mixture-of-experts models only (engine/moe.h), where `m` is the number of tokens routed to the
-// expert: the expert matmul's reduction then depends on its token count. Never set it in
+// expert: the expert matmul's reduction then depends on its token count.
+// BITROLL_TEST_BREAK_INVARIANCE=window_chunk anchors the sliding window's lower edge at the start
+// of each sequence's rows in the forward call (TransformerOptions::test_break_window_chunk): a
+// window mask that depends on the prefill chunk, on sliding-window models. Never set it in
 // production. Engines on another device backend ignore it.
 //
 // Thread-safety: BatchVariantMatmul is as thread-safe as kernels::Matmul; TestBreakMatmulFromEnv
@@ -43,5 +46,8 @@ Result<MatmulFn> TestBreakMatmulFromEnv();
 
 // &BatchVariantMatmul when BITROLL_TEST_BREAK_INVARIANCE is "expert_matmul", else nullptr.
 MatmulFn TestBreakExpertMatmulFromEnv();
+
+// True when BITROLL_TEST_BREAK_INVARIANCE is "window_chunk".
+bool TestBreakWindowChunkFromEnv();
 
 }  // namespace bitroll::engine

@@ -26,13 +26,15 @@ const HfModelShape kShapes[] = {
     {"qwen2-moe-tiny", "qwen2_moe", 64, 128, 2, 4, 2, 0, 512, 512, 8, 2, 32, 64},
     {"moe-100m", "qwen3_moe", 512, 1536, 8, 8, 4, 64, 32000, 1024, 8, 2, 768, 0},
     {"moe-100m-dense", "qwen3", 512, 1536, 8, 8, 4, 64, 32000, 1024, 0, 0, 0, 0},
+    {"swa-tiny", "llama", 64, 128, 4, 4, 2, 0, 512, 512, 0, 0, 0, 0, 8, 2, true},
+    {"swa-5to1-tiny", "qwen3", 64, 128, 6, 4, 2, 32, 512, 512, 0, 0, 0, 0, 8, 6, false},
 };
 
 constexpr uint32_t kWeightStream = 0x6D6F646C;  // "mold", as make_model.cc
 
 // One tensor of the file: its name and shape; kind says how it is filled.
 struct Spec {
-  enum Kind { kRandom, kOnes, kRouter } kind;
+  enum Kind { kRandom, kOnes, kRouter, kSink } kind;
   std::string name;
   std::vector<int64_t> shape;
   int64_t numel() const {
@@ -65,6 +67,7 @@ std::vector<Spec> Tensors(const HfModelShape& s) {
       t.push_back({Spec::kOnes, b + "self_attn.k_norm.weight", {hd}});
     }
     t.push_back({Spec::kRandom, b + "self_attn.o_proj.weight", {d, qd}});
+    if (s.sinks) t.push_back({Spec::kSink, b + "self_attn.sinks", {s.n_heads}});
     t.push_back({Spec::kOnes, b + "post_attention_layernorm.weight", {d}});
     auto ffn = [&](const std::string& p, int64_t h) {
       t.push_back({Spec::kRandom, p + "gate_proj.weight", {h, d}});
@@ -115,6 +118,18 @@ json Config(const HfModelShape& s) {
             {"eos_token_id", 2},
             {"torch_dtype", "float32"}};
   if (s.head_dim > 0) c["head_dim"] = s.head_dim;
+  if (s.sliding_window > 0) {
+    c["sliding_window"] = s.sliding_window;
+    if (s.sinks) {  // GPT-OSS style: explicit layer_types
+      json types = json::array();
+      for (int32_t l = 0; l < s.n_layers; ++l) {
+        types.push_back((l + 1) % s.full_every == 0 ? "full_attention" : "sliding_attention");
+      }
+      c["layer_types"] = types;
+    } else {  // Gemma 3 style
+      c["sliding_window_pattern"] = s.full_every;
+    }
+  }
   if (s.arch == "llama3") {
     c["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", 8.0},
@@ -220,6 +235,9 @@ Status WriteRandomHfModel(const HfModelShape& shape, uint64_t seed, const std::s
   c.n_experts_per_tok = shape.top_k;
   c.moe_hidden_dim = shape.moe_hidden_dim;
   c.shared_expert_hidden = shape.shared_expert_hidden;
+  if (shape.sliding_window < 0 || (shape.sliding_window > 0 && shape.full_every <= 0)) {
+    return Status::InvalidArgument("sliding_window must be >= 0, with full_every > 0");
+  }
   BR_RETURN_IF_ERROR(c.Validate());
   if (c.vocab_size < 256) {
     return Status::InvalidArgument("vocab_size " + std::to_string(c.vocab_size) +
@@ -254,8 +272,10 @@ Status WriteRandomHfModel(const HfModelShape& shape, uint64_t seed, const std::s
     buf.assign(size_t(s.numel()), 1.0f);
     if (s.kind != Spec::kOnes) {
       // The router's logits get a standard deviation of about 1 (make_model_hf.h).
-      const double gain =
-          s.kind == Spec::kRouter ? 1.0 / (0.02 * std::sqrt(double(shape.dim))) : 1.0;
+      // Sink logits get a standard deviation of about 1.
+      const double gain = s.kind == Spec::kRouter ? 1.0 / (0.02 * std::sqrt(double(shape.dim)))
+                          : s.kind == Spec::kSink ? 50.0
+                                                  : 1.0;
       for (float& v : buf) {
         const uint64_t idx = next++;
         const kernels::PhiloxCounter x =

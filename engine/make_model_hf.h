@@ -36,6 +36,12 @@ struct HfModelShape {
   int32_t top_k = 0;
   int32_t moe_hidden_dim = 0;
   int32_t shared_expert_hidden = 0;
+  // Sliding-window layers: window W (0 = none); layer i is full when (i + 1) % full_every == 0,
+  // else sliding. sinks: GPT-OSS sink logits per layer and head (config layer_types); without
+  // sinks the config says sliding_window_pattern (Gemma 3).
+  int32_t sliding_window = 0;
+  int32_t full_every = 0;
+  bool sinks = false;
 };
 
 // The named shapes (arch, dim, hidden, layers, heads, kv heads, head_dim, vocab, seq; experts,
@@ -49,6 +55,10 @@ struct HfModelShape {
 //                                parameters, 42M active per token)
 //   "moe-100m-dense"  qwen3      the same with one dense FFN of 1536 = 2 x 768 (the MoE's active
 //                                parameter count, 42M)
+//   "swa-tiny"        llama      64, 128, 4, 4, 2,  -, 512, 512; sliding W=8 / full alternating
+//                                (GPT-OSS: layers 0, 2 sliding) with attention sinks
+//   "swa-5to1-tiny"   qwen3      64, 128, 6, 4, 2, 32, 512, 512; five sliding W=8 layers, then one
+//                                full (Gemma 3 sliding_window_pattern 6), no sinks
 // Errors: kNotFound for any other name (the message lists the known ones).
 Result<HfModelShape> NamedHfShape(std::string_view name);
 

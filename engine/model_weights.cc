@@ -62,6 +62,16 @@ Status ModelConfig::Validate() const {
       return bad("moe_hidden_dim must be > 0, got " + std::to_string(moe_hidden_dim));
     }
   }
+  if (!layer_window.empty() && static_cast<int32_t>(layer_window.size()) != n_layers) {
+    return bad("layer_window has " + std::to_string(layer_window.size()) + " entries for " +
+               std::to_string(n_layers) + " layers");
+  }
+  for (size_t l = 0; l < layer_window.size(); ++l) {
+    if (layer_window[l] < 0) {
+      return bad("layer " + std::to_string(l) + " window must be > 0 (or 0 = full), got " +
+                 std::to_string(layer_window[l]));
+    }
+  }
   if (shared_expert_hidden < 0 || (shared_expert_hidden > 0 && n_experts == 0)) {
     return bad("shared_expert_hidden needs experts and must be >= 0");
   }
@@ -116,6 +126,15 @@ uint64_t HashWeights(const ModelWeights& w) {
                              c.rope_original_max_pos};
     XXH64_update(state, ext, sizeof(ext));
   }
+  const bool windowed = c.has_sliding() || c.attn_sinks;
+  if (windowed) {
+    const int32_t sinks = int32_t(c.attn_sinks);
+    XXH64_update(state, &sinks, sizeof(sinks));
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+      const int32_t win = c.window(l);
+      XXH64_update(state, &win, sizeof(win));
+    }
+  }
   auto add = [&](const Tensor& t) {
     if (t.data != nullptr) XXH64_update(state, t.data, size_t(t.size_bytes()));
   };
@@ -132,6 +151,7 @@ uint64_t HashWeights(const ModelWeights& w) {
          {&l.shared_expert.w1, &l.shared_expert.w2, &l.shared_expert.w3, &l.shared_expert_gate}) {
       add(*t);
     }
+    if (windowed) add(l.sinks);
   }
   add(w.final_norm);
   if (!c.shared_classifier) add(w.classifier);

@@ -52,15 +52,31 @@ struct ModelConfig {
   int32_t moe_hidden_dim = 0;
   bool norm_topk_prob = false;
   int32_t shared_expert_hidden = 0;
+  // Sliding-window attention (Gemma 3 5:1, GPT-OSS alternating): per layer, 0 = full attention,
+  // W > 0 = a sliding window of W keys (query t sees keys t-W+1..t). Empty = every layer full.
+  // attn_sinks: every layer has a per-head learned sink logit (LayerWeights::sinks, GPT-OSS).
+  std::vector<int32_t> layer_window;
+  bool attn_sinks = false;
+
+  int32_t window(int32_t layer) const {
+    return layer_window.empty() ? 0 : layer_window[static_cast<size_t>(layer)];
+  }
+  bool has_sliding() const {
+    for (int32_t w : layer_window) {
+      if (w > 0) return true;
+    }
+    return false;
+  }
 
   int32_t head_dim() const { return head_size > 0 ? head_size : dim / n_heads; }
   int32_t q_dim() const { return head_dim() * n_heads; }
   int32_t kv_dim() const { return head_dim() * n_kv_heads; }
   bool is_moe() const { return n_experts > 0; }
 
-  // OK when every size is positive, dim % n_heads == 0, n_heads % n_kv_heads == 0, head_dim is
-  // even, norm_eps > 0 and finite, rope_theta > 0 and finite, and bos/eos lie in the vocabulary.
-  // Errors: kInvalidArgument naming the first bad field and its value.
+  // OK when every size is positive, layer_window is empty or has n_layers entries >= 0, dim %
+  // n_heads == 0, n_heads % n_kv_heads == 0, head_dim is even, norm_eps > 0 and finite, rope_theta
+  // > 0 and finite, and bos/eos lie in the vocabulary. Errors: kInvalidArgument naming the first
+  // bad field and its value.
   Status Validate() const;
 };
 
@@ -101,6 +117,7 @@ struct LayerWeights {
   std::vector<FfnWeights> experts;  // n_experts, each of moe_hidden_dim
   FfnWeights shared_expert;         // of shared_expert_hidden; absent unless configured
   Tensor shared_expert_gate;        // [1][dim]; with shared_expert
+  Tensor sinks;                     // [n_heads] attention sink logits; with config.attn_sinks
 };
 
 struct ModelWeights {
@@ -118,7 +135,9 @@ struct ModelWeights {
   // n_experts_per_tok, moe_hidden_dim, norm_topk_prob, shared_expert_hidden and the float bits of
   // rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos (as int32),
   // and per layer after w3: q_norm, k_norm, router, each expert's w1, w2, w3, the shared expert's
-  // w1, w2, w3 and its gate. Dense Llama/Qwen2 hashes are unchanged.
+  // w1, w2, w3 and its gate. Models with sliding windows or sinks then add the int32s attn_sinks
+  // and layer_window[0..n_layers-1], and per layer the sinks tensor (after the shared expert's
+  // gate). Dense Llama/Qwen2 hashes are unchanged.
   uint64_t weights_hash = 0;
   std::shared_ptr<const void> storage;  // keeps the mapping alive; Tensors point into it
   std::string source;                   // e.g. "llama2c:stories260K.bin"

@@ -102,6 +102,18 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(
       layer.q_norm = VectorOf(lw.q_norm, c.head_dim());
       layer.k_norm = VectorOf(lw.k_norm, c.head_dim());
     }
+    layer.window = c.window(static_cast<int32_t>(l));
+    if (c.attn_sinks) {
+      if (lw.sinks.data == nullptr || lw.sinks.numel() != c.n_heads) {
+        return Status::InvalidArgument("attention sinks of layer " + std::to_string(l) +
+                                       " must have n_heads = " + std::to_string(c.n_heads) +
+                                       " entries");
+      }
+      layer.sinks = VectorOf(lw.sinks, c.n_heads);
+      for (float s : layer.sinks) {
+        if (!std::isfinite(s)) return Status::InvalidArgument("attention sink not finite");
+      }
+    }
     layer.attn_norm = VectorOf(lw.attn_norm, dim);
     layer.ffn_norm = VectorOf(lw.ffn_norm, dim);
     t->layers_.push_back(std::move(layer));
@@ -144,6 +156,7 @@ void Transformer::EnsureScratch(int64_t rows) {
   h13_.resize(rows * 2 * hidden);
   hb_.resize(rows * hidden);
   positions_.resize(rows);
+  window_anchor_.resize(rows);
   route_ids_.resize(rows * c.n_layers * c.n_experts_per_tok);
   route_weights_.resize(rows * c.n_layers * c.n_experts_per_tok);
   tables_.resize(rows);
@@ -186,6 +199,9 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     TensorRowToF32(w_->token_embedding, rows[r].token, dim, x_.data() + r * dim);
     positions_[r] = rows[r].position;
     tables_[r] = rows[r].block_table;
+    const bool run =
+        r > 0 && tables_[r - 1] == tables_[r] && positions_[r - 1] + 1 == positions_[r];
+    window_anchor_[r] = run ? window_anchor_[r - 1] : positions_[r];
   }
   // The audit seam (TransformerOptions::trace): `stride` floats per row, the first `width` traced.
   auto trace = [&](int32_t layer, const char* op, float* buf, int64_t stride, int64_t width) {
@@ -252,6 +268,9 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     ap.positions = positions_.data();
     ap.block_tables = tables_.data();
     ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    ap.window = L.window;
+    ap.sinks = L.sinks.empty() ? nullptr : L.sinks.data();
+    if (opt_.test_break_window_chunk) ap.test_window_anchor = window_anchor_.data();
     trace(l, "qkv", qkv_.data(), qkv_dim, qkv_dim);
     kernels::Attention(isa, ap, opt_.attention, opt_.pool, &attn_scratch_);
     trace(l, "attn", att_.data(), qd, qd);

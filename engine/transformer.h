@@ -74,6 +74,10 @@ struct TransformerOptions {
   // n_layers "final_norm" and "logits" (rows that want logits). A reader changes no bit; a test may
   // change the values (a deliberately perturbed kernel; a change to "qkv" reaches only the trace:
   // q and K/V are taken before it). Unset in production.
+  // Test seam (BITROLL_TEST_BREAK_INVARIANCE=window_chunk): the sliding window's lower edge is
+  // anchored at the first row of each sequence's run in the call (the prefill chunk's start)
+  // instead of each query's own position, a mask that depends on chunking. false in production.
+  bool test_break_window_chunk = false;
   int32_t trace_position = -1;
   std::function<void(int32_t layer, const char* op, float* data, int64_t n)> trace;
 };
@@ -118,6 +122,8 @@ class Transformer final : public ForwardBackend {
     std::vector<float> q_norm, k_norm;  // [head_dim]; empty unless the model has QK-norm
     std::vector<float> attn_norm;
     std::vector<float> ffn_norm;
+    int32_t window = 0;        // sliding window (0 = full attention)
+    std::vector<float> sinks;  // [n_heads]; empty unless the model has attention sinks
   };
 
   Transformer() = default;
@@ -139,7 +145,8 @@ class Transformer final : public ForwardBackend {
   int64_t capacity_ = 0;
   std::vector<float> x_, xb_, qkv_, q_, att_, tmp_, h13_, hb_;
   std::vector<int32_t> positions_;
-  std::vector<int32_t> route_ids_;  // MoE: [rows][n_layers][k] of the last Forward
+  std::vector<int32_t> window_anchor_;  // test_break_window_chunk only
+  std::vector<int32_t> route_ids_;      // MoE: [rows][n_layers][k] of the last Forward
   std::vector<float> route_weights_;
   std::vector<const int32_t*> tables_;
 };

@@ -10,8 +10,14 @@ log p(tokens[t] | tokens[:t]), as a repr float.
 
   /usr/bin/python3 tests/hf_reference.py --model DIR --tokens 1,5,9,...
 
+Sliding-window layers (transformers' sliding_window_causal mask: query t sees keys t-W+1..t) from
+sliding_window with layer_types or sliding_window_pattern (Gemma 3: layer i full when
+(i + 1) % P == 0), and GPT-OSS attention sinks (self_attn.sinks: a per-head logit appended to the
+softmax, its probability dropped).
+
 --break X computes a deliberately wrong model, for negative controls: no_qk_norm (skips QK-norm),
-topk_plus_one (routes to k + 1 experts), no_rope_scaling (ignores rope_scaling).
+topk_plus_one (routes to k + 1 experts), no_rope_scaling (ignores rope_scaling), wrong_window
+(window W + 1), no_sinks (ignores the sinks).
 """
 import argparse
 import json
@@ -110,6 +116,19 @@ def moe(cfg, w, p, h, broken):
     return out
 
 
+def layer_windows(cfg, n_layers):
+    """Per layer: 0 (full attention) or the sliding window W."""
+    if cfg.get("use_sliding_window") is False or not cfg.get("sliding_window"):
+        return [0] * n_layers
+    win = cfg["sliding_window"]
+    if cfg.get("layer_types"):
+        return [win if t == "sliding_attention" else 0 for t in cfg["layer_types"]]
+    if cfg.get("sliding_window_pattern"):
+        pat = cfg["sliding_window_pattern"]
+        return [0 if (i + 1) % pat == 0 else win for i in range(n_layers)]
+    return [win] * n_layers
+
+
 def forward(cfg, w, tokens, broken=None):
     d = cfg["hidden_size"]
     nh = cfg["num_attention_heads"]
@@ -130,8 +149,16 @@ def forward(cfg, w, tokens, broken=None):
     freqs = np.outer(np.arange(T, dtype=np.float64), inv_freq)  # [T, hd/2]
     emb = np.concatenate([freqs, freqs], axis=-1)
     cos, sin = np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]
-    mask = np.triu(np.full((T, T), -np.inf), k=1)
+    causal = np.triu(np.full((T, T), -np.inf), k=1)
+    windows = layer_windows(cfg, cfg["num_hidden_layers"])
     for l in range(cfg["num_hidden_layers"]):
+        mask = causal
+        win = windows[l] + (1 if broken == "wrong_window" and windows[l] else 0)
+        if win:
+            mask = causal + np.tril(np.full((T, T), -np.inf), k=-win)
+        sinks = w.get("model.layers.%d.self_attn.sinks" % l)
+        if broken == "no_sinks":
+            sinks = None
         p = "model.layers.%d." % l
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
         q = h @ w[p + "self_attn.q_proj.weight"].T
@@ -153,9 +180,11 @@ def forward(cfg, w, tokens, broken=None):
         for hh in range(nh):
             g = hh // (nh // nkv)
             s = q[:, hh, :] @ k[:, g, :].T / np.sqrt(hd) + mask
+            if sinks is not None:  # GPT-OSS: the sink joins the softmax, then is dropped
+                s = np.concatenate([s, np.full((T, 1), sinks[hh])], axis=-1)
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
-            att[:, hh, :] = s @ v[:, g, :]
+            att[:, hh, :] = s[:, :T] @ v[:, g, :]
         x = x + att.reshape(T, nh * hd) @ w[p + "self_attn.o_proj.weight"].T
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         if "num_experts" in cfg:
@@ -176,7 +205,8 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--tokens", required=True)
     p.add_argument("--break", dest="broken", default=None,
-                   choices=["no_qk_norm", "topk_plus_one", "no_rope_scaling"])
+                   choices=["no_qk_norm", "topk_plus_one", "no_rope_scaling",
+                            "wrong_window", "no_sinks"])
     a = p.parse_args()
     with open(os.path.join(a.model, "config.json")) as f:
         cfg = json.load(f)

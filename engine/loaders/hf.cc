@@ -153,6 +153,57 @@ Status MoeFromJson(const json& j, const std::string& file, ModelConfig* c) {
   return Status::Ok();
 }
 
+// Sliding-window layers: layer_types (["sliding_attention" | "full_attention", ...], GPT-OSS /
+// Gemma 3 / newer transformers) or sliding_window_pattern P (Gemma 3: layer i is full when
+// (i + 1) % P == 0), with sliding_window W. A sliding_window without either applies to every
+// layer (Mistral), unless use_sliding_window is false (Qwen2/3 configs carry an unused one).
+Status SlidingWindowFromJson(const json& j, const std::string& file, ModelConfig* c) {
+  c->layer_window.clear();
+  const bool has_types = j.contains("layer_types") && !j["layer_types"].is_null();
+  const bool has_pattern =
+      j.contains("sliding_window_pattern") && !j["sliding_window_pattern"].is_null();
+  const bool has_window = j.contains("sliding_window") && !j["sliding_window"].is_null();
+  if (!BoolField(j, "use_sliding_window", true)) return Status::Ok();
+  if (!has_types && !has_pattern && !has_window) return Status::Ok();
+  std::vector<bool> sliding(size_t(c->n_layers), true);
+  if (has_types) {
+    const json& t = j["layer_types"];
+    if (!t.is_array() || t.size() != size_t(c->n_layers)) {
+      return Status::InvalidArgument(file + ": layer_types must list " +
+                                     std::to_string(c->n_layers) + " layer types, got " + Dump(t));
+    }
+    for (size_t l = 0; l < t.size(); ++l) {
+      const std::string kind = t[l].is_string() ? t[l].get<std::string>() : Dump(t[l]);
+      if (kind != "sliding_attention" && kind != "full_attention") {
+        return Status::InvalidArgument(file + ": layer_types[" + std::to_string(l) +
+                                       "] is the unknown layer type \"" + kind +
+                                       "\" (sliding_attention and full_attention are known)");
+      }
+      sliding[l] = kind == "sliding_attention";
+    }
+  } else if (has_pattern) {
+    BR_ASSIGN_OR_RETURN(int64_t pat, IntField(j, "sliding_window_pattern", file, std::nullopt));
+    if (pat <= 0) {
+      return Status::InvalidArgument(file + ": sliding_window_pattern " + std::to_string(pat) +
+                                     " must be > 0");
+    }
+    for (int32_t l = 0; l < c->n_layers; ++l) sliding[size_t(l)] = (l + 1) % pat != 0;
+  }
+  bool any = false;
+  for (bool s : sliding) any = any || s;
+  if (!any) return Status::Ok();
+  if (!has_window) return Status::InvalidArgument(file + ": sliding layers but no sliding_window");
+  BR_ASSIGN_OR_RETURN(int64_t w, IntField(j, "sliding_window", file, std::nullopt));
+  if (w <= 0 || w > std::numeric_limits<int32_t>::max()) {
+    return Status::InvalidArgument(file + ": sliding_window " + std::to_string(w) + " must be > 0");
+  }
+  c->layer_window.assign(size_t(c->n_layers), 0);
+  for (int32_t l = 0; l < c->n_layers; ++l) {
+    if (sliding[size_t(l)]) c->layer_window[size_t(l)] = int32_t(w);
+  }
+  return Status::Ok();
+}
+
 Status ConfigFromJson(const json& j, const json* gen, const std::string& file, ModelConfig* c) {
   std::string arch;
   auto archs = j.find("architectures");
@@ -214,6 +265,7 @@ Status ConfigFromJson(const json& j, const json* gen, const std::string& file, M
   c->shared_classifier = BoolField(j, "tie_word_embeddings", false);
   BR_RETURN_IF_ERROR(RopeScalingFromJson(j, file, c));
   BR_RETURN_IF_ERROR(MoeFromJson(j, file, c));
+  BR_RETURN_IF_ERROR(SlidingWindowFromJson(j, file, c));
   if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
     return Status::Unsupported(file + ": hidden_act " + Dump(j["hidden_act"]) +
                                " is not supported (silu is)");
@@ -361,6 +413,12 @@ Result<ModelWeights> Load(const std::string& dir, const HfLoadOptions& options) 
     return out;
   };
 
+  // GPT-OSS attention sinks: a self_attn.sinks tensor [n_heads] in every layer (layer 0 decides).
+  {
+    const std::string sink0 = "model.layers.0.self_attn.sinks";
+    c.attn_sinks = weight_map.empty() ? shards.at("model.safetensors").header.Find(sink0) != nullptr
+                                      : weight_map.count(sink0) > 0;
+  }
   const int64_t dim = c.dim, kv = c.kv_dim(), hidden = c.hidden_dim, vocab = c.vocab_size;
   const int64_t qd = c.q_dim(), hd = c.head_dim();
   auto ffn = [&](const std::string& p, int64_t h, FfnWeights* f) -> Status {
@@ -386,6 +444,9 @@ Result<ModelWeights> Load(const std::string& dir, const HfLoadOptions& options) 
       BR_ASSIGN_OR_RETURN(L.bv, get(b + "self_attn.v_proj.bias", {kv}));
     }
     BR_ASSIGN_OR_RETURN(L.wo, get(b + "self_attn.o_proj.weight", {dim, qd}));
+    if (c.attn_sinks) {
+      BR_ASSIGN_OR_RETURN(L.sinks, get(b + "self_attn.sinks", {c.n_heads}));
+    }
     if (c.qk_norm) {
       BR_ASSIGN_OR_RETURN(L.q_norm, get(b + "self_attn.q_norm.weight", {hd}));
       BR_ASSIGN_OR_RETURN(L.k_norm, get(b + "self_attn.k_norm.weight", {hd}));

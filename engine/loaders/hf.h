@@ -25,7 +25,11 @@
 // down}_proj.weight, mlp.shared_expert.*, mlp.shared_expert_gate.weight. Other rope_scaling types,
 // dense layers inside a MoE model (decoder_sparse_step != 1, mlp_only_layers), attention_bias on
 // Llama / Qwen3, mlp_bias, head_dim other than hidden_size / num_attention_heads outside Qwen3,
-// and hidden_act other than silu are kUnsupported.
+// and hidden_act other than silu are kUnsupported. Sliding-window layers: sliding_window with
+// layer_types (sliding_attention / full_attention) or sliding_window_pattern (Gemma 3), or alone
+// for every layer (ignored when use_sliding_window is false); a bad window, pattern or layer type
+// is kInvalidArgument. Attention sinks (GPT-OSS): self_attn.sinks [num_attention_heads] per layer,
+// present in layer 0 -> required in every layer.
 //
 // Thread-safety: LoadHuggingFace has no shared state; the result is immutable.
 #pragma once

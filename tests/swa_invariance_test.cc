@@ -1,0 +1,351 @@
+// The invariance suite (docs/design.md "Promises") on hybrid sliding-window models: make-model's
+// swa-tiny (GPT-OSS style: sliding W=8 / full layers alternating, with attention sinks) and
+// swa-5to1-tiny (Gemma 3 style: five sliding W=8 layers per full one). The window (8) is not a
+// multiple of the attention chunk (16) and the contexts are many windows long, so windows start
+// inside chunks and cross chunk and prefill-chunk boundaries. Every comparison is memcmp. The
+// negative control anchors the window at the prefill chunk's start
+// (BITROLL_TEST_BREAK_INVARIANCE=window_chunk) and shows the same checks fail.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/invariance_break.h"
+#include "engine/invariance_checks.h"
+#include "engine/loaders/hf.h"
+#include "engine/make_model_hf.h"
+#include "engine/transformer.h"
+#include "kernels/cpu/isa.h"
+#include "tests/engine_test_util.h"
+#include "tests/invariance_checks.h"
+
+namespace bitroll {
+namespace {
+
+namespace fs = std::filesystem;
+using engine::SequenceOutput;
+using engine::SequenceRequest;
+using testing_util::EngineSetup;
+using testing_util::Greedy;
+using testing_util::MakeEngine;
+using testing_util::RandomRequest;
+using testing_util::RunAll;
+using testing_util::SameTrajectory;
+using testing_util::Sampled;
+
+const char* const kSwa = "swa-tiny";
+const char* const kSwa5 = "swa-5to1-tiny";
+
+std::shared_ptr<const engine::ModelWeights> Model(const std::string& name) {
+  return testing_util::HfShapeModel(name);
+}
+
+testing_util::EngineFactory Cpu(const std::string& model, const EngineSetup& base) {
+  return [model, base](int32_t max_step_tokens) -> std::unique_ptr<engine::Engine> {
+    EngineSetup s = base;
+    if (max_step_tokens > 0) s.max_step_tokens = max_step_tokens;
+    return MakeEngine(s, Model(model));
+  };
+}
+
+engine::EngineFactory CpuVariants(const std::string& model, const EngineSetup& base) {
+  return [model, base](const engine::EngineVariant& v) -> Result<std::unique_ptr<engine::Engine>> {
+    EngineSetup s = base;
+    if (v.max_step_tokens > 0) s.max_step_tokens = v.max_step_tokens;
+    if (v.max_prefill_chunk > 0) s.max_prefill_chunk = v.max_prefill_chunk;
+    if (v.threads > 0) s.threads = v.threads;
+    if (!v.isa.empty()) s.isa = v.isa;
+    if (!v.attention.empty()) s.attention = v.attention;
+    std::unique_ptr<engine::Engine> e = MakeEngine(s, Model(model));
+    if (e == nullptr) return Status::Internal("no engine");
+    return e;
+  };
+}
+
+const std::vector<int> kBatchSizes = {2, 3, 8, 17};
+
+// Guards: the models are hybrid, with the declared windows and sinks.
+TEST(SwaInvariance, TheModelsAreHybrid) {
+  auto w = Model(kSwa);
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->config.layer_window, (std::vector<int32_t>{8, 0, 8, 0}));
+  EXPECT_TRUE(w->config.attn_sinks);
+  ASSERT_NE(w->layers[0].sinks.data, nullptr);
+  auto w5 = Model(kSwa5);
+  ASSERT_TRUE(w5);
+  EXPECT_EQ(w5->config.layer_window, (std::vector<int32_t>{8, 8, 8, 8, 8, 0}));
+  EXPECT_FALSE(w5->config.attn_sinks);
+}
+
+TEST(SwaInvariance, BatchComposition) {
+  EngineSetup s;
+  s.threads = 2;
+  EXPECT_EQ(0, testing_util::BatchCompositionMismatches(Cpu(kSwa, s), Sampled(), kBatchSizes));
+  EXPECT_EQ(0, testing_util::BatchCompositionMismatches(Cpu(kSwa5, {}), Greedy(), {3, 17}));
+}
+
+TEST(SwaInvariance, EveryRequestOfABatchEqualsItsSoloRun) {
+  testing_util::CheckEveryRequestOfABatchEqualsItsSoloRun(Cpu(kSwa, {}));
+}
+
+TEST(SwaInvariance, PrefillChunking) {
+  testing_util::CheckPrefillChunking(Cpu(kSwa, {}));
+  testing_util::CheckPrefillChunking(Cpu(kSwa5, {}));
+}
+
+TEST(SwaInvariance, PrefillEqualsDecode) {
+  testing_util::CheckPrefillEqualsDecode(Cpu(kSwa, {}));
+}
+
+TEST(SwaInvariance, ThreadsAttentionKernelsAndIsas) {
+  std::mt19937 rng(5);
+  std::vector<SequenceRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 200, 40, Sampled()));
+  auto e0 = MakeEngine(EngineSetup{}, Model(kSwa));
+  ASSERT_NE(e0, nullptr);
+  const auto ref = RunAll(*e0, reqs);
+  std::vector<engine::EngineVariant> variants;
+  for (int threads : {1, 2, 3}) {
+    for (const char* attention : {"auto", "single", "split"}) {
+      engine::EngineVariant& v = variants.emplace_back();
+      v.max_step_tokens = 97;
+      v.threads = threads;
+      v.attention = attention;
+    }
+  }
+  for (const char* isa : {"scalar", "avx2", "avx512"}) {
+    if (!kernels::ParseIsa(isa).ok()) {
+      std::cerr << "*** swa_invariance_test: this CPU lacks " << isa << "; NOT tested ***\n";
+      continue;
+    }
+    engine::EngineVariant& v = variants.emplace_back();
+    v.threads = 2;
+    v.isa = isa;
+  }
+  Result<engine::Mismatches> found =
+      engine::CheckVariants(CpuVariants(kSwa, {}), reqs, ref, variants);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  for (const auto& m : *found) ADD_FAILURE() << m.ToString();
+}
+
+// Prefix-cache hits, preemption and the disk tier give the bits of a fresh engine's run.
+TEST(SwaInvariance, PrefixHitsPreemptionAndDiskTier) {
+  std::mt19937 rng(9);
+  std::vector<SequenceRequest> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 120, 40, Sampled()));
+  std::map<uint64_t, SequenceOutput> solo;
+  for (const auto& r : reqs) {
+    auto e = MakeEngine(EngineSetup{}, Model(kSwa));
+    ASSERT_NE(e, nullptr);
+    solo[r.id] = RunAll(*e, {r})[r.id];
+  }
+  {
+    auto e = MakeEngine(EngineSetup{}, Model(kSwa));
+    ASSERT_NE(e, nullptr);
+    RunAll(*e, reqs);
+    std::vector<SequenceRequest> again = reqs;
+    for (auto& r : again) r.id += 100;
+    const auto out = RunAll(*e, again);
+    EXPECT_GT(e->stats().prefill_tokens_cached, 0);
+    for (const auto& r : reqs) EXPECT_TRUE(SameTrajectory(solo[r.id], out.at(r.id + 100))) << r.id;
+  }
+  {
+    const fs::path dir =
+        fs::temp_directory_path() / ("bitroll_swa_disk_" + std::to_string(::getpid()));
+    EngineSetup s;
+    s.preempt_every_steps = 3;
+    s.disk_dir = dir.string();
+    s.kv_cache_bytes = 2ll << 20;
+    auto e = MakeEngine(s, Model(kSwa));
+    ASSERT_NE(e, nullptr);
+    const auto out = RunAll(*e, reqs);
+    for (const auto& r : reqs) EXPECT_TRUE(SameTrajectory(solo[r.id], out.at(r.id))) << r.id;
+    EXPECT_GT(e->stats().preemptions, 0);
+    fs::remove_all(dir);
+  }
+}
+
+// ---- the independent numpy forward (tests/hf_reference.py) ----
+
+std::string RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  if (::pclose(p) != 0) return "";
+  return out;
+}
+
+std::vector<double> ParseLines(const std::string& text) {
+  std::vector<double> out;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t nl = text.find('\n', pos);
+    out.push_back(std::strtod(text.substr(pos, nl - pos).c_str(), nullptr));
+    pos = nl == std::string::npos ? text.size() : nl + 1;
+  }
+  return out;
+}
+
+double MaxErr(const std::vector<float>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+// Teacher-forces 64 random tokens (8 windows) through the engine and compares every logprob with
+// the float64 reference. Tolerance 2e-4 absolute on logprobs (as formats_test). Controls: the
+// reference with the window one key too wide, or without the sinks, must disagree by > 1e-3.
+TEST(SwaReference, LogprobsMatchNumpyForwardAndBrokenReferencesDisagree) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 with numpy is needed (Debian: python3-numpy)";
+  }
+  for (const char* m : {kSwa, kSwa5}) {
+    const fs::path dir =
+        fs::temp_directory_path() / ("bitroll_swa_ref_" + std::to_string(::getpid()) + "_" + m);
+    Result<engine::HfModelShape> shape = engine::NamedHfShape(m);
+    ASSERT_TRUE(shape.ok());
+    ASSERT_TRUE(engine::WriteRandomHfModel(*shape, 11, dir.string()).ok());
+    Result<engine::ModelWeights> w = engine::LoadHuggingFace(dir.string());
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    auto weights = std::make_shared<const engine::ModelWeights>(std::move(w).value());
+    std::mt19937 rng(42);
+    std::vector<int32_t> tokens(64);
+    for (int32_t& t : tokens) t = int32_t(3 + rng() % 500);
+    std::string list;
+    for (int32_t t : tokens) list += (list.empty() ? "" : ",") + std::to_string(t);
+    auto reference = [&](const std::string& extra) {
+      return ParseLines(RunCommand("/usr/bin/python3 " + std::string(BITROLL_SOURCE_DIR) +
+                                   "/tests/hf_reference.py --model " + dir.string() + " --tokens " +
+                                   list + extra));
+    };
+    SequenceRequest r;
+    r.id = 1;
+    r.prompt = {tokens[0]};
+    r.sampling = Greedy();
+    r.stop.max_tokens = int32_t(tokens.size() - 1);
+    r.stop.stop_at_eos = false;
+    r.stop.stop_at_bos = false;
+    r.forced.assign(tokens.begin() + 1, tokens.end());
+    auto e = MakeEngine({}, weights);
+    ASSERT_NE(e, nullptr);
+    const std::vector<float> got = RunAll(*e, {r})[1].logprobs;
+    const std::vector<double> ref = reference("");
+    ASSERT_EQ(ref.size(), tokens.size() - 1) << m;
+    ASSERT_EQ(got.size(), ref.size()) << m;
+    const double err = MaxErr(got, ref);
+    EXPECT_LT(err, 2e-4) << m;
+    std::printf("%s: max |logprob - reference| = %.3g over %zu tokens\n", m, err, ref.size());
+    const double wrong_window = MaxErr(got, reference(" --break wrong_window"));
+    EXPECT_GT(wrong_window, 1e-3) << m << ": a window one key wider went unnoticed";
+    std::printf("%s: vs --break wrong_window: %.3g\n", m, wrong_window);
+    if (weights->config.attn_sinks) {
+      const double no_sinks = MaxErr(got, reference(" --break no_sinks"));
+      EXPECT_GT(no_sinks, 1e-3) << m << ": dropping the sinks went unnoticed";
+      std::printf("%s: vs --break no_sinks: %.3g\n", m, no_sinks);
+    }
+    fs::remove_all(dir);
+  }
+}
+
+// Typed errors for bad configs: window <= 0, unknown layer type, sinks of the wrong shape.
+TEST(SwaReference, BadSlidingWindowConfigsAreTypedErrors) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("bitroll_swa_bad_" + std::to_string(::getpid()));
+  Result<engine::HfModelShape> shape = engine::NamedHfShape(kSwa);
+  ASSERT_TRUE(shape.ok());
+  ASSERT_TRUE(engine::WriteRandomHfModel(*shape, 11, dir.string()).ok());
+  const std::string cfg_path = (dir / "config.json").string();
+  std::string cfg;
+  {
+    FILE* f = std::fopen(cfg_path.c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) cfg.append(buf, n);
+    std::fclose(f);
+  }
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string c = cfg;
+    const size_t at = c.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) c.replace(at, from.size(), to);
+    FILE* f = std::fopen(cfg_path.c_str(), "wb");
+    std::fwrite(c.data(), 1, c.size(), f);
+    std::fclose(f);
+    return engine::LoadHuggingFace(dir.string()).status();
+  };
+  EXPECT_EQ(with("\"sliding_window\": 8", "\"sliding_window\": 0").code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(with("\"sliding_window\": 8", "\"sliding_window\": -3").code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(with("\"full_attention\"", "\"chunked_attention\"").code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(with("\"num_attention_heads\": 4", "\"num_attention_heads\": 2").code(),
+            ErrorCode::kInvalidArgument);  // sinks (and q_proj) no longer [n_heads]
+  EXPECT_TRUE(with("\"sliding_window\": 8", "\"sliding_window\": 8").ok());
+  // Engine-level: a sink tensor of the wrong length is rejected when the engine is built.
+  Result<engine::ModelWeights> w = engine::LoadHuggingFace(dir.string());
+  ASSERT_TRUE(w.ok());
+  w->layers[1].sinks.shape = {3};
+  auto built = engine::Transformer::Create(std::make_shared<const engine::ModelWeights>(*w), {});
+  EXPECT_EQ(built.status().code(), ErrorCode::kInvalidArgument);
+  fs::remove_all(dir);
+}
+
+// ---- negative control ----
+
+class ScopedBreak {
+ public:
+  explicit ScopedBreak(const char* v) { ::setenv(engine::kTestBreakInvarianceEnv, v, 1); }
+  ~ScopedBreak() { ::unsetenv(engine::kTestBreakInvarianceEnv); }
+};
+
+SequenceRequest LongPrompt() {
+  SequenceRequest r = testing_util::Target(1, Sampled());
+  std::mt19937 rng(3);
+  for (int i = 0; i < 150; ++i) {
+    r.prompt.push_back(std::uniform_int_distribution<int32_t>(3, 511)(rng));
+  }
+  return r;
+}
+
+TEST(SwaInvarianceNegativeControl, WindowAnchoredAtTheChunkStartIsCaught) {
+  ScopedBreak broken("window_chunk");
+  const SequenceRequest r = LongPrompt();
+  for (const char* m : {kSwa, kSwa5}) {
+    Result<engine::Mismatches> found =
+        engine::CheckPrefillChunking(CpuVariants(m, {}), r, {1, 7, 16, 48, 100});
+    ASSERT_TRUE(found.ok()) << found.status().ToString();
+    EXPECT_FALSE(found->empty()) << m << ": a window mask anchored at the prefill chunk's start "
+                                 << "gave the same bits in every chunking";
+  }
+  // Full-attention models have no window: the same switch leaves them invariant, so the failure
+  // above comes from the window mask.
+  Result<engine::Mismatches> dense =
+      engine::CheckPrefillChunking(CpuVariants("qwen3-tiny", {}), r, {1, 7, 16, 48, 100});
+  ASSERT_TRUE(dense.ok());
+  EXPECT_TRUE(dense->empty());
+}
+
+TEST(SwaInvarianceNegativeControl, PrefillEqualsDecodeCatchesTheBrokenWindowToo) {
+  ScopedBreak broken("window_chunk");
+  SequenceRequest r = testing_util::Target(1, Sampled());
+  const SequenceOutput decoded = testing_util::RunAloneOn(Cpu(kSwa, {}), 0, r);
+  Result<engine::Mismatches> found =
+      engine::CheckPrefillEqualsDecode(CpuVariants(kSwa, {}), r, decoded, {4096});
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_FALSE(found->empty()) << "re-scoring with a chunk-anchored window gave the decoded bits";
+}
+
+}  // namespace
+}  // namespace bitroll

@@ -391,7 +391,32 @@ EngineStats CpuEngine::stats() const {
   s.disk_hit_blocks = ps.disk_hit_blocks;
   s.disk_spilled_blocks = ps.spilled;
   if (disk_ != nullptr) s.disk_corrupt_blocks = disk_->stats().corrupt;
+  KvMemoryByLayerKind(&s);
   return s;
+}
+
+void CpuEngine::KvMemoryByLayerKind(EngineStats* s) const {
+  const ModelConfig& c = weights_->config;
+  const KvCacheOptions& o = cache_->options();
+  const int64_t per_layer_token =
+      2 * int64_t{o.n_kv_heads} * o.head_dim * (o.dtype == kernels::DType::kBF16 ? 2 : 4);
+  int64_t n_sliding = 0;
+  for (int32_t l = 0; l < c.n_layers; ++l) n_sliding += c.window(l) > 0 ? 1 : 0;
+  s->kv_bytes_per_token_full = per_layer_token * (c.n_layers - n_sliding);
+  s->kv_bytes_per_token_sliding = per_layer_token * n_sliding;
+  const int64_t used_tokens = (s->kv_blocks_total - s->kv_blocks_free) * kKvBlockTokens;
+  s->kv_live_bytes_full = used_tokens * s->kv_bytes_per_token_full;
+  s->kv_live_bytes_sliding = used_tokens * s->kv_bytes_per_token_sliding;
+  const int64_t bs = kKvBlockTokens;
+  for (int32_t l = 0; l < c.n_layers && n_sliding > 0; ++l) {
+    const int32_t w = c.window(l);
+    if (w <= 0) continue;
+    for (const auto& [id, q] : live_) {
+      if (!q->running || q->n_cached == 0) continue;
+      const int64_t lo = std::max<int64_t>(0, q->n_cached - w);
+      s->kv_window_bytes_sliding += ((q->n_cached - 1) / bs - lo / bs + 1) * bs * per_layer_token;
+    }
+  }
 }
 
 Status CpuEngine::CheckBlockAccounting() const {

@@ -97,6 +97,8 @@ class CpuEngine final : public Engine {
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<const ModelWeights> weights_;  // the weights backend_ serves
+  // Fills EngineStats' KV memory per layer kind.
+  void KvMemoryByLayerKind(EngineStats* s) const;
   std::unique_ptr<ForwardBackend> backend_;  // declared before cache_: outlives its store pointer
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<KvDiskTier> disk_;     // may be null

@@ -118,6 +118,17 @@ struct EngineStats {
   int64_t disk_hit_blocks = 0;      // prefix blocks loaded back from the disk tier
   int64_t disk_spilled_blocks = 0;  // evicted blocks written to the disk tier
   int64_t disk_corrupt_blocks = 0;  // disk blocks that failed verification (treated as misses)
+  // KV memory per layer kind (full-attention layers / sliding-window layers; the sliding figures
+  // are 0 for a model without sliding layers). bytes_per_token: K and V of one token summed over
+  // the layers of that kind. live: bytes those layers hold in the blocks now in use (every block
+  // holds every layer: out-of-window blocks are not freed yet). window: bytes the sliding layers
+  // of the running sequences need (the blocks overlapping each sequence's last W positions), i.e.
+  // what they would hold if out-of-window blocks were freed.
+  int64_t kv_bytes_per_token_full = 0;
+  int64_t kv_bytes_per_token_sliding = 0;
+  int64_t kv_live_bytes_full = 0;
+  int64_t kv_live_bytes_sliding = 0;
+  int64_t kv_window_bytes_sliding = 0;
 };
 
 class Tokenizer;      // engine/tokenizer.h

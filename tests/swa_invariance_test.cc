@@ -173,6 +173,31 @@ TEST(SwaInvariance, PrefixHitsPreemptionAndDiskTier) {
   }
 }
 
+// Stats: bytes per token and live bytes per layer kind; the window figure is what the sliding
+// layers of the running sequences need, less than what they hold once contexts outgrow W.
+TEST(SwaInvariance, KvMemoryPerLayerKind) {
+  auto e = MakeEngine(EngineSetup{}, Model(kSwa));
+  ASSERT_NE(e, nullptr);
+  std::mt19937 rng(4);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(e->Add(RandomRequest(i, rng(), 512, 100, 30, Greedy())).ok());
+  }
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e->Step().ok());
+  const engine::EngineStats s = e->stats();
+  // swa-tiny: 2 full + 2 sliding layers, 2 kv heads x 16 dims, K and V, fp32.
+  EXPECT_EQ(s.kv_bytes_per_token_full, 2 * 2 * 16 * 2 * 4);
+  EXPECT_EQ(s.kv_bytes_per_token_sliding, 2 * 2 * 16 * 2 * 4);
+  EXPECT_GT(s.kv_live_bytes_full, 0);
+  EXPECT_EQ(s.kv_live_bytes_sliding, s.kv_live_bytes_full);
+  EXPECT_GT(s.kv_window_bytes_sliding, 0);
+  EXPECT_LT(s.kv_window_bytes_sliding, s.kv_live_bytes_sliding);
+  // A full-attention model has no sliding layers.
+  auto d = MakeEngine(EngineSetup{}, Model("qwen3-tiny"));
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->stats().kv_bytes_per_token_sliding, 0);
+  EXPECT_GT(d->stats().kv_bytes_per_token_full, 0);
+}
+
 // ---- the independent numpy forward (tests/hf_reference.py) ----
 
 std::string RunCommand(const std::string& cmd) {

@@ -318,6 +318,16 @@ TEST(SwaReference, BadSlidingWindowConfigsAreTypedErrors) {
   EXPECT_EQ(with("\"num_attention_heads\": 4", "\"num_attention_heads\": 2").code(),
             ErrorCode::kInvalidArgument);  // sinks (and q_proj) no longer [n_heads]
   EXPECT_TRUE(with("\"sliding_window\": 8", "\"sliding_window\": 8").ok());
+  // Qwen configs carry an unused window: use_sliding_window false means every layer is full.
+  {
+    with("\"sliding_window\": 8", "\"use_sliding_window\": false, \"sliding_window\": 8");
+    Result<engine::ModelWeights> q = engine::LoadHuggingFace(dir.string());
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    EXPECT_FALSE(q->config.has_sliding());
+  }
+  EXPECT_EQ(with("\"layer_types\"", "\"max_window_layers\": 2, \"ignored_types\"").code(),
+            ErrorCode::kUnsupported);
+  with("\"sliding_window\": 8", "\"sliding_window\": 8");  // restore
   // Engine-level: a sink tensor of the wrong length is rejected when the engine is built.
   Result<engine::ModelWeights> w = engine::LoadHuggingFace(dir.string());
   ASSERT_TRUE(w.ok());

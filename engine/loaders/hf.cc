@@ -165,6 +165,11 @@ Status SlidingWindowFromJson(const json& j, const std::string& file, ModelConfig
   const bool has_window = j.contains("sliding_window") && !j["sliding_window"].is_null();
   if (!BoolField(j, "use_sliding_window", true)) return Status::Ok();
   if (!has_types && !has_pattern && !has_window) return Status::Ok();
+  if (!has_types && j.contains("max_window_layers")) {  // Qwen2's use_sliding_window: true
+    return Status::Unsupported(file +
+                               ": use_sliding_window with max_window_layers is not "
+                               "supported (layer_types or sliding_window_pattern are)");
+  }
   std::vector<bool> sliding(size_t(c->n_layers), true);
   if (has_types) {
     const json& t = j["layer_types"];

@@ -27,7 +27,8 @@
 // Llama / Qwen3, mlp_bias, head_dim other than hidden_size / num_attention_heads outside Qwen3,
 // and hidden_act other than silu are kUnsupported. Sliding-window layers: sliding_window with
 // layer_types (sliding_attention / full_attention) or sliding_window_pattern (Gemma 3), or alone
-// for every layer (ignored when use_sliding_window is false); a bad window, pattern or layer type
+// for every layer (ignored when use_sliding_window is false; with max_window_layers and no
+// layer_types, Qwen2's scheme, kUnsupported); a bad window, pattern or layer type
 // is kInvalidArgument. Attention sinks (GPT-OSS): self_attn.sinks [num_attention_heads] per layer,
 // present in layer 0 -> required in every layer.
 //

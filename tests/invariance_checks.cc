@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <random>
 
 #include "engine/invariance_checks.h"
+#include "kernels/cpu/isa.h"
 #include "tests/engine_test_util.h"
 
 namespace bitroll::testing_util {
@@ -101,6 +103,59 @@ void CheckThousandIdenticalRequests(const EngineFactory& make) {
     // A 700-token step budget: batches mix prefill and decode rows of many sequences.
     ExpectNone(engine::CheckIdenticalRequests(Wrap(make), r, 1000, 700));
   }
+}
+
+EngineFactory HfShapeEngines(const std::string& shape, const EngineSetup& base) {
+  return [shape, base](int32_t max_step_tokens) -> std::unique_ptr<engine::Engine> {
+    EngineSetup s = base;
+    if (max_step_tokens > 0) s.max_step_tokens = max_step_tokens;
+    return MakeEngine(s, HfShapeModel(shape));
+  };
+}
+
+engine::EngineFactory HfShapeVariants(const std::string& shape, const EngineSetup& base) {
+  return [shape, base](const engine::EngineVariant& v) -> Result<std::unique_ptr<engine::Engine>> {
+    EngineSetup s = base;
+    if (v.max_step_tokens > 0) s.max_step_tokens = v.max_step_tokens;
+    if (v.max_prefill_chunk > 0) s.max_prefill_chunk = v.max_prefill_chunk;
+    if (v.threads > 0) s.threads = v.threads;
+    if (!v.isa.empty()) s.isa = v.isa;
+    if (!v.attention.empty()) s.attention = v.attention;
+    std::unique_ptr<engine::Engine> e = MakeEngine(s, HfShapeModel(shape));
+    if (e == nullptr) return Status::Internal("no engine");
+    return e;
+  };
+}
+
+void CheckThreadsAttentionKernelsAndIsas(const std::string& shape) {
+  std::mt19937 rng(5);
+  std::vector<engine::SequenceRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 200, 40, Sampled()));
+  auto e0 = MakeEngine(EngineSetup{}, HfShapeModel(shape));
+  ASSERT_NE(e0, nullptr);
+  const auto ref = RunAll(*e0, reqs);
+  std::vector<engine::EngineVariant> variants;
+  for (int threads : {1, 2, 3}) {
+    for (const char* attention : {"auto", "single", "split"}) {
+      engine::EngineVariant& v = variants.emplace_back();
+      v.max_step_tokens = 97;
+      v.threads = threads;
+      v.attention = attention;
+    }
+  }
+  for (const char* isa : {"scalar", "avx2", "avx512"}) {
+    if (!kernels::ParseIsa(isa).ok()) {
+      std::cerr << "*** " << shape << ": this CPU lacks " << isa << "; NOT tested ***\n";
+      continue;
+    }
+    engine::EngineVariant& v = variants.emplace_back();
+    v.threads = 2;
+    v.isa = isa;
+  }
+  Result<engine::Mismatches> found =
+      engine::CheckVariants(HfShapeVariants(shape, {}), reqs, ref, variants);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  for (const auto& m : *found) ADD_FAILURE() << m.ToString();
 }
 
 }  // namespace bitroll::testing_util

@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/invariance_checks.h"
 
 namespace bitroll::testing_util {
 
@@ -43,5 +45,18 @@ void CheckPrefillEqualsDecode(const EngineFactory& make);
 // 1000 identical requests (greedy, then sampled) in one engine with a 700-token step budget give
 // one unique output.
 void CheckThousandIdenticalRequests(const EngineFactory& make);
+
+// The suites that run these checks on other model families (MoE, sliding windows) over a
+// make-model Hugging Face shape (HfShapeModel in tests/engine_test_util.h): engines of that shape
+// on `base` with a step budget (HfShapeEngines), or with an EngineVariant's settings
+// (HfShapeVariants).
+struct EngineSetup;
+EngineFactory HfShapeEngines(const std::string& shape, const EngineSetup& base);
+engine::EngineFactory HfShapeVariants(const std::string& shape, const EngineSetup& base);
+
+// Six sampled requests on the default engine vs 1, 2 and 3 threads x every attention kernel
+// (auto, single, split) at a 97-token step budget and every ISA this CPU has (a missing one is
+// said loudly, not tested): memcmp of every trajectory.
+void CheckThreadsAttentionKernelsAndIsas(const std::string& shape);
 
 }  // namespace bitroll::testing_util

@@ -49,25 +49,11 @@ std::shared_ptr<const engine::ModelWeights> Model(const std::string& name) {
 }
 
 testing_util::EngineFactory Cpu(const std::string& model, const EngineSetup& base) {
-  return [model, base](int32_t max_step_tokens) -> std::unique_ptr<engine::Engine> {
-    EngineSetup s = base;
-    if (max_step_tokens > 0) s.max_step_tokens = max_step_tokens;
-    return MakeEngine(s, Model(model));
-  };
+  return testing_util::HfShapeEngines(model, base);
 }
 
 engine::EngineFactory CpuVariants(const std::string& model, const EngineSetup& base) {
-  return [model, base](const engine::EngineVariant& v) -> Result<std::unique_ptr<engine::Engine>> {
-    EngineSetup s = base;
-    if (v.max_step_tokens > 0) s.max_step_tokens = v.max_step_tokens;
-    if (v.max_prefill_chunk > 0) s.max_prefill_chunk = v.max_prefill_chunk;
-    if (v.threads > 0) s.threads = v.threads;
-    if (!v.isa.empty()) s.isa = v.isa;
-    if (!v.attention.empty()) s.attention = v.attention;
-    std::unique_ptr<engine::Engine> e = MakeEngine(s, Model(model));
-    if (e == nullptr) return Status::Internal("no engine");
-    return e;
-  };
+  return testing_util::HfShapeVariants(model, base);
 }
 
 const std::vector<int> kBatchSizes = {2, 3, 8, 17};
@@ -106,34 +92,7 @@ TEST(SwaInvariance, PrefillEqualsDecode) {
 }
 
 TEST(SwaInvariance, ThreadsAttentionKernelsAndIsas) {
-  std::mt19937 rng(5);
-  std::vector<SequenceRequest> reqs;
-  for (int i = 0; i < 6; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 200, 40, Sampled()));
-  auto e0 = MakeEngine(EngineSetup{}, Model(kSwa));
-  ASSERT_NE(e0, nullptr);
-  const auto ref = RunAll(*e0, reqs);
-  std::vector<engine::EngineVariant> variants;
-  for (int threads : {1, 2, 3}) {
-    for (const char* attention : {"auto", "single", "split"}) {
-      engine::EngineVariant& v = variants.emplace_back();
-      v.max_step_tokens = 97;
-      v.threads = threads;
-      v.attention = attention;
-    }
-  }
-  for (const char* isa : {"scalar", "avx2", "avx512"}) {
-    if (!kernels::ParseIsa(isa).ok()) {
-      std::cerr << "*** swa_invariance_test: this CPU lacks " << isa << "; NOT tested ***\n";
-      continue;
-    }
-    engine::EngineVariant& v = variants.emplace_back();
-    v.threads = 2;
-    v.isa = isa;
-  }
-  Result<engine::Mismatches> found =
-      engine::CheckVariants(CpuVariants(kSwa, {}), reqs, ref, variants);
-  ASSERT_TRUE(found.ok()) << found.status().ToString();
-  for (const auto& m : *found) ADD_FAILURE() << m.ToString();
+  testing_util::CheckThreadsAttentionKernelsAndIsas(kSwa);
 }
 
 // Prefix-cache hits, preemption and the disk tier give the bits of a fresh engine's run.

@@ -279,14 +279,15 @@ TEST(SwaReference, BadSlidingWindowConfigsAreTypedErrors) {
   EXPECT_TRUE(with("\"sliding_window\": 8", "\"sliding_window\": 8").ok());
   // Qwen configs carry an unused window: use_sliding_window false means every layer is full.
   {
-    with("\"sliding_window\": 8", "\"use_sliding_window\": false, \"sliding_window\": 8");
+    ASSERT_TRUE(
+        with("\"sliding_window\": 8", "\"use_sliding_window\": false, \"sliding_window\": 8").ok());
     Result<engine::ModelWeights> q = engine::LoadHuggingFace(dir.string());
     ASSERT_TRUE(q.ok()) << q.status().ToString();
     EXPECT_FALSE(q->config.has_sliding());
   }
   EXPECT_EQ(with("\"layer_types\"", "\"max_window_layers\": 2, \"ignored_types\"").code(),
             ErrorCode::kUnsupported);
-  with("\"sliding_window\": 8", "\"sliding_window\": 8");  // restore
+  ASSERT_TRUE(with("\"sliding_window\": 8", "\"sliding_window\": 8").ok());  // restore
   // Engine-level: a sink tensor of the wrong length is rejected when the engine is built.
   Result<engine::ModelWeights> w = engine::LoadHuggingFace(dir.string());
   ASSERT_TRUE(w.ok());

@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
+#include <map>
 #include <random>
 
 #include "engine/invariance_checks.h"
@@ -156,6 +160,43 @@ void CheckThreadsAttentionKernelsAndIsas(const std::string& shape) {
       engine::CheckVariants(HfShapeVariants(shape, {}), reqs, ref, variants);
   ASSERT_TRUE(found.ok()) << found.status().ToString();
   for (const auto& m : *found) ADD_FAILURE() << m.ToString();
+}
+
+void CheckPrefixHitsPreemptionAndDiskTier(const std::string& shape) {
+  std::mt19937 rng(9);
+  std::vector<engine::SequenceRequest> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 120, 40, Sampled()));
+  std::map<uint64_t, engine::SequenceOutput> solo;
+  for (const auto& r : reqs) {
+    auto e = MakeEngine(EngineSetup{}, HfShapeModel(shape));
+    ASSERT_NE(e, nullptr);
+    solo[r.id] = RunAll(*e, {r})[r.id];
+  }
+  // Prefix hits: each request again in the same engine, after its first run cached the prompt.
+  {
+    auto e = MakeEngine(EngineSetup{}, HfShapeModel(shape));
+    ASSERT_NE(e, nullptr);
+    RunAll(*e, reqs);
+    std::vector<engine::SequenceRequest> again = reqs;
+    for (auto& r : again) r.id += 100;
+    const auto out = RunAll(*e, again);
+    EXPECT_GT(e->stats().prefill_tokens_cached, 0);
+    for (const auto& r : reqs) EXPECT_TRUE(SameTrajectory(solo[r.id], out.at(r.id + 100))) << r.id;
+  }
+  // Preemption every 3 steps, with a small KV budget and the disk tier.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("bitroll_suite_disk_" + shape + "_" + std::to_string(::getpid()));
+  EngineSetup s;
+  s.preempt_every_steps = 3;
+  s.disk_dir = dir.string();
+  s.kv_cache_bytes = 2ll << 20;
+  auto e = MakeEngine(s, HfShapeModel(shape));
+  ASSERT_NE(e, nullptr);
+  const auto out = RunAll(*e, reqs);
+  for (const auto& r : reqs) EXPECT_TRUE(SameTrajectory(solo[r.id], out.at(r.id))) << r.id;
+  EXPECT_GT(e->stats().preemptions, 0);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace bitroll::testing_util

@@ -59,4 +59,10 @@ engine::EngineFactory HfShapeVariants(const std::string& shape, const EngineSetu
 // said loudly, not tested): memcmp of every trajectory.
 void CheckThreadsAttentionKernelsAndIsas(const std::string& shape);
 
+// Eight sampled requests, each run alone on a fresh engine, vs the same requests again in one
+// engine after their prompts were cached (prefix hits; some must be counted), and vs one engine
+// that preempts every 3 steps with a 2 MiB KV budget and a disk tier (some preemption must
+// happen): memcmp of every trajectory.
+void CheckPrefixHitsPreemptionAndDiskTier(const std::string& shape);
+
 }  // namespace bitroll::testing_util

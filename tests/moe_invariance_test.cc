@@ -103,41 +103,7 @@ TEST(MoeInvariance, ThousandIdenticalRequestsGiveOneOutput) {
 
 // Prefix-cache hits, preemption and the disk tier give the bits of a fresh engine's run.
 TEST(MoeInvariance, PrefixHitsPreemptionAndDiskTier) {
-  std::mt19937 rng(9);
-  std::vector<SequenceRequest> reqs;
-  for (int i = 0; i < 8; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 120, 40, Sampled()));
-  std::map<uint64_t, SequenceOutput> solo;
-  for (const auto& r : reqs) {
-    auto e = MakeEngine(EngineSetup{}, Model(kMoe));
-    ASSERT_NE(e, nullptr);
-    solo[r.id] = RunAll(*e, {r})[r.id];
-  }
-  // Prefix hits: each request again in the same engine, after its first run cached the prompt.
-  {
-    auto e = MakeEngine(EngineSetup{}, Model(kMoe));
-    ASSERT_NE(e, nullptr);
-    RunAll(*e, reqs);
-    std::vector<SequenceRequest> again = reqs;
-    for (auto& r : again) r.id += 100;
-    const auto out = RunAll(*e, again);
-    EXPECT_GT(e->stats().prefill_tokens_cached, 0);
-    for (const auto& r : reqs) EXPECT_TRUE(SameTrajectory(solo[r.id], out.at(r.id + 100))) << r.id;
-  }
-  // Preemption every 3 steps, with a small KV budget and the disk tier.
-  {
-    const fs::path dir =
-        fs::temp_directory_path() / ("bitroll_moe_disk_" + std::to_string(::getpid()));
-    EngineSetup s;
-    s.preempt_every_steps = 3;
-    s.disk_dir = dir.string();
-    s.kv_cache_bytes = 2ll << 20;
-    auto e = MakeEngine(s, Model(kMoe));
-    ASSERT_NE(e, nullptr);
-    const auto out = RunAll(*e, reqs);
-    for (const auto& r : reqs) EXPECT_TRUE(SameTrajectory(solo[r.id], out.at(r.id))) << r.id;
-    EXPECT_GT(e->stats().preemptions, 0);
-    fs::remove_all(dir);
-  }
+  testing_util::CheckPrefixHitsPreemptionAndDiskTier(kMoe);
 }
 
 // ---- negative control ----

@@ -97,39 +97,7 @@ TEST(SwaInvariance, ThreadsAttentionKernelsAndIsas) {
 
 // Prefix-cache hits, preemption and the disk tier give the bits of a fresh engine's run.
 TEST(SwaInvariance, PrefixHitsPreemptionAndDiskTier) {
-  std::mt19937 rng(9);
-  std::vector<SequenceRequest> reqs;
-  for (int i = 0; i < 8; ++i) reqs.push_back(RandomRequest(i, rng(), 512, 120, 40, Sampled()));
-  std::map<uint64_t, SequenceOutput> solo;
-  for (const auto& r : reqs) {
-    auto e = MakeEngine(EngineSetup{}, Model(kSwa));
-    ASSERT_NE(e, nullptr);
-    solo[r.id] = RunAll(*e, {r})[r.id];
-  }
-  {
-    auto e = MakeEngine(EngineSetup{}, Model(kSwa));
-    ASSERT_NE(e, nullptr);
-    RunAll(*e, reqs);
-    std::vector<SequenceRequest> again = reqs;
-    for (auto& r : again) r.id += 100;
-    const auto out = RunAll(*e, again);
-    EXPECT_GT(e->stats().prefill_tokens_cached, 0);
-    for (const auto& r : reqs) EXPECT_TRUE(SameTrajectory(solo[r.id], out.at(r.id + 100))) << r.id;
-  }
-  {
-    const fs::path dir =
-        fs::temp_directory_path() / ("bitroll_swa_disk_" + std::to_string(::getpid()));
-    EngineSetup s;
-    s.preempt_every_steps = 3;
-    s.disk_dir = dir.string();
-    s.kv_cache_bytes = 2ll << 20;
-    auto e = MakeEngine(s, Model(kSwa));
-    ASSERT_NE(e, nullptr);
-    const auto out = RunAll(*e, reqs);
-    for (const auto& r : reqs) EXPECT_TRUE(SameTrajectory(solo[r.id], out.at(r.id))) << r.id;
-    EXPECT_GT(e->stats().preemptions, 0);
-    fs::remove_all(dir);
-  }
+  testing_util::CheckPrefixHitsPreemptionAndDiskTier(kSwa);
 }
 
 // Stats: bytes per token and live bytes per layer kind; the window figure is what the sliding

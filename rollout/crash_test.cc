@@ -61,7 +61,7 @@ SubmitRequest Batch(uint64_t seed, bool long_run = false) {
 // Which engine the serve children run. `real` is the trained stories260K model.
 struct EngineKind {
   bool real = false;
-  std::string model;  // real: a model path other than stories260K.bin (the MoE case)
+  std::string model{};  // real: a model path other than stories260K.bin (the MoE case)
   std::string Model() const {
     return model.empty() ? std::string(BITROLL_MODELS_DIR) + "/stories260K.bin" : model;
   }

@@ -127,7 +127,7 @@ using SampleKey = std::pair<uint32_t, uint32_t>;
 struct SampleOutput {
   std::vector<int32_t> ids;
   std::vector<float> lps;
-  RoutingRecord routing;                          // when the request asked for it (MoE models)
+  RoutingRecord routing{};                        // when the request asked for it (MoE models)
   bool operator==(const SampleOutput& o) const {  // memcmp: ids, logprob and routing bits
     return ids.size() == o.ids.size() && lps.size() == o.lps.size() &&
            std::memcmp(ids.data(), o.ids.data(), 4 * ids.size()) == 0 &&

@@ -169,7 +169,7 @@ struct ToolResult {
 struct FinishRecord {
   FinishReason reason = FinishReason::kNone;
   std::string error;
-  RoutingRecord routing;  // the trajectory's routing record (MoE, when asked); empty otherwise
+  RoutingRecord routing{};  // the trajectory's routing record (MoE, when asked); empty otherwise
 };
 
 struct ToolCallLog {

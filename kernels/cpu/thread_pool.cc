@@ -64,8 +64,12 @@ void ThreadPool::WorkerLoop(int worker) {
         sleepers_.fetch_sub(1);
       }
     }
-    if (stop_.load()) return;
+    // The generation first, then stop_: the destructor sets stop_ before it bumps the generation
+    // (both under mu_), so a worker that reads the bumped generation also sees stop_. In the
+    // other order a bump between the two reads was taken as a job's and the worker then waited
+    // for a generation that never came (a hang in the destructor's join).
     seen = generation_.load(std::memory_order_acquire);
+    if (stop_.load()) return;
 
     // Join the job only while the caller still accepts helpers (seq_cst pairs with Run's
     // accepting_.store(false) followed by its in_job_ load).

@@ -56,6 +56,18 @@ TEST(ThreadPoolTest, SleepingWorkersWake) {
   std::printf("worker 1 ran %d of 1600 tasks\n", worker1_tasks.load());
 }
 
+// A pool destroyed right after a Run whose tasks the caller finished alone: a worker that wakes
+// for that Run late must still see the destructor's stop (it once took the stop's generation bump
+// for a job's and waited forever: a hang in ~ThreadPool's join, caught here by the ctest timeout).
+TEST(ThreadPoolTest, DestroyedRightAfterARunNeverHangs) {
+  for (int iter = 0; iter < 20000; ++iter) {
+    ThreadPool pool(3);
+    std::atomic<int> count{0};
+    pool.Run(2, [&](int, int64_t) { count.fetch_add(1); });  // 2: a Run that wakes workers
+    ASSERT_EQ(count.load(), 2);
+  }
+}
+
 TEST(ThreadPoolTest, NonPositiveThreadCountMeansOne) {
   ThreadPool pool(0);
   EXPECT_EQ(pool.size(), 1);

@@ -36,30 +36,14 @@ import torch
 from torch import nn
 
 from . import moe_ops, ops
-from .policy import Batch, _from_padded, _Norm, pack
-
-
-class _Lin(nn.Module):
-    def __init__(self, n, k, bias=False):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(n, k))
-        self.bias = nn.Parameter(torch.zeros(n)) if bias else None
-
-    def forward(self, x):
-        return ops.linear(x, self.weight, self.bias)
-
-
-class _Emb(nn.Module):
-    def __init__(self, vocab, d):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(vocab, d))
+from .policy import Batch, _Embedding, _from_padded, _Linear, _Norm, pack
 
 
 class _Mlp(nn.Module):
     def __init__(self, d, hidden):
         super().__init__()
-        self.gate_proj, self.up_proj = _Lin(hidden, d), _Lin(hidden, d)
-        self.down_proj = _Lin(d, hidden)
+        self.gate_proj, self.up_proj = _Linear(hidden, d), _Linear(hidden, d)
+        self.down_proj = _Linear(d, hidden)
 
     def forward(self, x):
         return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
@@ -68,13 +52,13 @@ class _Mlp(nn.Module):
 class _Moe(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.gate = _Lin(c["num_experts"], c["hidden_size"])
+        self.gate = _Linear(c["num_experts"], c["hidden_size"])
         self.experts = nn.ModuleList(_Mlp(c["hidden_size"], c["moe_intermediate_size"])
                                      for _ in range(c["num_experts"]))
         sh = c.get("shared_expert_intermediate_size", 0) or 0
         if sh:
             self.shared_expert = _Mlp(c["hidden_size"], sh)
-            self.shared_expert_gate = _Lin(1, c["hidden_size"])
+            self.shared_expert_gate = _Linear(1, c["hidden_size"])
         self.k, self.norm = c["num_experts_per_tok"], c["norm_topk_prob"]
 
     def forward(self, x, forced_ids, forced_w, forced, replay_weights):
@@ -111,8 +95,8 @@ class _Attn(nn.Module):
         super().__init__()
         d, hd = c["hidden_size"], c["head_dim"]
         qd, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-        self.q_proj, self.k_proj = _Lin(qd, d, bias), _Lin(kv, d, bias)
-        self.v_proj, self.o_proj = _Lin(kv, d, bias), _Lin(d, qd)
+        self.q_proj, self.k_proj = _Linear(qd, d, bias), _Linear(kv, d, bias)
+        self.v_proj, self.o_proj = _Linear(kv, d, bias), _Linear(d, qd)
         if qk_norm:
             self.q_norm, self.k_norm = _Norm(hd, c["rms_norm_eps"]), _Norm(hd, c["rms_norm_eps"])
 
@@ -165,7 +149,7 @@ class HfPolicy(nn.Module):
         self.is_moe = arch.endswith("moe")
         bias, qk_norm = arch in ("qwen2", "qwen2_moe"), arch.startswith("qwen3")
         self.model = nn.Module()
-        self.model.embed_tokens = _Emb(c["vocab_size"], c["hidden_size"])
+        self.model.embed_tokens = _Embedding(c["vocab_size"], c["hidden_size"])
         self.model.layers = nn.ModuleList(_Layer(c, bias, qk_norm, self.is_moe)
                                           for _ in range(c["num_hidden_layers"]))
         self.model.norm = _Norm(c["hidden_size"], c["rms_norm_eps"])
@@ -176,7 +160,7 @@ class HfPolicy(nn.Module):
             rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"],
             rs["original_max_position_embeddings"])
         if not self.tied:
-            self.lm_head = _Lin(c["vocab_size"], c["hidden_size"])
+            self.lm_head = _Linear(c["vocab_size"], c["hidden_size"])
 
     @classmethod
     def from_pretrained(cls, path):

@@ -109,12 +109,13 @@ def _from_padded(tokens, attention_mask):
 
 
 class _Linear(nn.Module):
-    def __init__(self, n, k):
+    def __init__(self, n, k, bias=False):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(n, k))
+        self.bias = nn.Parameter(torch.zeros(n)) if bias else None
 
     def forward(self, x):
-        return ops.linear(x, self.weight)
+        return ops.linear(x, self.weight, self.bias)
 
 
 class _Norm(nn.Module):

@@ -36,6 +36,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
+#include "python/ext/ext_common.h"
 #include "python/ext/moe_ext.h"
 #include "python/ext/rope_ext.h"
 
@@ -44,8 +45,9 @@ namespace k = bitroll::kernels;
 
 namespace {
 
-using F32 = py::array_t<float, py::array::c_style>;
-using I32 = py::array_t<int32_t, py::array::c_style>;
+using bitroll_ext::F32;
+using bitroll_ext::I32;
+using bitroll_ext::Require;
 
 k::Isa g_isa = k::BestIsa();
 std::unique_ptr<k::ThreadPool> g_pool;  // nullptr: one thread
@@ -54,10 +56,6 @@ std::mutex g_mu;  // guards g_isa, g_pool and every use of the pool
 
 k::ThreadPool* Pool() {
   return g_pool.get();
-}
-
-void Require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument(what);
 }
 
 void RequireDims(const py::array& a, int nd, const char* name) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/moe_row.h"
+#include "python/ext/ext_common.h"
 
 namespace py = pybind11;
 namespace k = bitroll::kernels;
@@ -21,14 +22,7 @@ namespace k = bitroll::kernels;
 namespace bitroll_ext {
 namespace {
 
-using F32 = py::array_t<float, py::array::c_style>;
-using I32 = py::array_t<int32_t, py::array::c_style>;
-
 const k::Isa* g_isa = nullptr;
-
-void Require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument(what);
-}
 
 py::tuple MoeRoute(const F32& logits, int64_t topk, bool norm_topk_prob,
                    const std::optional<I32>& forced) {

@@ -14,6 +14,7 @@
 #include "engine/model_weights.h"
 #include "engine/rope_scaling.h"
 #include "kernels/cpu/ops.h"
+#include "python/ext/ext_common.h"
 
 namespace py = pybind11;
 namespace k = bitroll::kernels;
@@ -21,14 +22,7 @@ namespace k = bitroll::kernels;
 namespace bitroll_ext {
 namespace {
 
-using F32 = py::array_t<float, py::array::c_style>;
-using I32 = py::array_t<int32_t, py::array::c_style>;
-
 const k::Isa* g_isa = nullptr;
-
-void Require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument(what);
-}
 
 py::tuple RopeTables(float theta, int32_t head_dim, int32_t max_pos, float factor, float low,
                      float high, int32_t original_max_pos) {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rollout/cli_args.h"
+#include "rollout/engine_flags.h"
 
 namespace bitroll::rollout {
 
@@ -53,6 +54,15 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
                                 "threads",
                                 "device",
                                 "kv_cache_bytes",
+                                "isa",
+                                "attention",
+                                "max_step_tokens",
+                                "max_running",
+                                "max_prefill_chunk",
+                                "kv_dtype",
+                                "prefix_cache",
+                                "kv_disk_dir",
+                                "kv_disk_bytes",
                                 "max_queued",
                                 "replica_timeout_ms",
                                 "stream_timeout_ms",
@@ -78,6 +88,15 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   BR_RETURN_IF_ERROR(Get(j, "threads", &c->engine_options.threads));
   BR_RETURN_IF_ERROR(Get(j, "device", &c->engine_options.device));
   BR_RETURN_IF_ERROR(Get(j, "kv_cache_bytes", &c->engine_options.kv_cache_bytes));
+  BR_RETURN_IF_ERROR(Get(j, "isa", &c->engine_options.isa));
+  BR_RETURN_IF_ERROR(Get(j, "attention", &c->engine_options.attention));
+  BR_RETURN_IF_ERROR(Get(j, "max_step_tokens", &c->engine_options.max_step_tokens));
+  BR_RETURN_IF_ERROR(Get(j, "max_running", &c->engine_options.max_running));
+  BR_RETURN_IF_ERROR(Get(j, "max_prefill_chunk", &c->engine_options.max_prefill_chunk));
+  BR_RETURN_IF_ERROR(Get(j, "kv_dtype", &c->engine_options.kv_dtype));
+  BR_RETURN_IF_ERROR(Get(j, "prefix_cache", &c->engine_options.prefix_cache));
+  BR_RETURN_IF_ERROR(Get(j, "kv_disk_dir", &c->engine_options.kv_disk_dir));
+  BR_RETURN_IF_ERROR(Get(j, "kv_disk_bytes", &c->engine_options.kv_disk_bytes));
   BR_RETURN_IF_ERROR(Get(j, "max_queued", &co.max_queued));
   BR_RETURN_IF_ERROR(Get(j, "replica_timeout_ms", &co.replica_timeout_ms));
   BR_RETURN_IF_ERROR(Get(j, "stream_timeout_ms", &co.stream_timeout_ms));
@@ -246,6 +265,8 @@ void AddToolFlags(CliParser* p, ServeConfig* c) {
 
 void AddServeFlags(CliParser* p, ServeConfig* c) {
   AddMainFlags(p, c);
+  p->Group("Engine of each replica (only --kv-dtype changes bits)");
+  AddEngineTuningFlags(p, &c->engine_options);
   AddCoordinatorFlags(p, c);
   AddToolFlags(p, c);
 }
@@ -259,6 +280,7 @@ Status CheckServeConfig(const ServeConfig& c) {
     return Status::InvalidArgument("--engine must be auto or null");
   }
   if (c.null_engine.vocab_size < 4) return Status::InvalidArgument("null vocab must be >= 4");
+  BR_RETURN_IF_ERROR(CheckEngineOptionFlags(c.engine_options));
   if (co.tools.workers < 1 || co.tools.workers > 4096) {
     return Status::InvalidArgument("--tool-workers must be in [1, 4096]");
   }

@@ -51,10 +51,13 @@ class CliParser;  // rollout/cli_args.h
 // default the temp folder), --tool-disk-bytes N (total workdir bytes per process/container run;
 // 0: no total cap), --price-sandbox-cpu-hour X, and the test hooks --null-delay-us N,
 // --null-vocab N, --tool-append-file PATH, --tool-append-delay-ms N.
-// --skip-self-test serves without the start-up self-test (rollout/self_test_gate.h).
+// --skip-self-test serves without the start-up self-test (rollout/self_test_gate.h), and the
+// engine flags of rollout/engine_flags.h (AddEngineTuningFlags: --isa ... --kv-disk-bytes),
+// applied to every replica's EngineOptions.
 void AddServeFlags(CliParser* parser, ServeConfig* config);
 
-// The checks of a whole configuration (file and flags). Errors: kInvalidArgument.
+// The checks of a whole configuration (file and flags), the engine's values included
+// (CheckEngineOptionFlags). Errors: kInvalidArgument.
 Status CheckServeConfig(const ServeConfig& config);
 
 // AddServeFlags, parse argv[first..argc) (argv[first - 1] names the command), CheckServeConfig.

@@ -120,6 +120,49 @@ TEST(ConfigTest, MetricsBind) {
   EXPECT_EQ(c.metrics_bind, "127.0.0.1:0");
 }
 
+// The engine settings reach every replica's EngineOptions from the file and from the flags (the
+// flags generate and audit take: one registration, rollout/engine_flags.h).
+TEST(ConfigTest, EngineSettings) {
+  ServeConfig c;
+  ASSERT_TRUE(ParseConfigJson(R"({"isa": "avx2", "attention": "split", "max_step_tokens": 64,
+      "max_running": 8, "max_prefill_chunk": 32, "kv_dtype": "bf16", "prefix_cache": false,
+      "kv_disk_dir": "kvd", "kv_disk_bytes": 4096})",
+                              &c)
+                  .ok());
+  const engine::EngineOptions& eo = c.engine_options;
+  EXPECT_EQ(eo.isa, "avx2");
+  EXPECT_EQ(eo.attention, "split");
+  EXPECT_EQ(eo.max_step_tokens, 64);
+  EXPECT_EQ(eo.max_running, 8);
+  EXPECT_EQ(eo.max_prefill_chunk, 32);
+  EXPECT_EQ(eo.kv_dtype, "bf16");
+  EXPECT_FALSE(eo.prefix_cache);
+  EXPECT_EQ(eo.kv_disk_dir, "kvd");
+  EXPECT_EQ(eo.kv_disk_bytes, 4096);
+  ASSERT_TRUE(Flags({"serve", "--max-step-tokens", "128", "--kv-dtype", "f32", "--prefix-cache",
+                     "on", "--kv-cache-mb", "3"},
+                    &c)
+                  .ok());
+  EXPECT_EQ(eo.max_step_tokens, 128);
+  EXPECT_EQ(eo.kv_dtype, "f32");
+  EXPECT_TRUE(eo.prefix_cache);
+  EXPECT_EQ(eo.kv_cache_bytes, 3 << 20);
+  EXPECT_EQ(eo.max_running, 8);  // the file's value stays where no flag overrides it
+
+  ServeConfig d;
+  EXPECT_EQ(Flags({"serve", "--kv-dtype", "f16"}, &d).message(),
+            "--kv-dtype must be f32 or bf16, got 'f16'");
+  EXPECT_EQ(Flags({"serve", "--prefix-cache", "yes"}, &d).message(),
+            "--prefix-cache must be on or off, got 'yes'");
+  EXPECT_EQ(Flags({"serve", "--kv-cache-mb", "-1"}, &d).message(),
+            "--kv-cache-mb must be in [0, 2^40]");
+  ServeConfig e;
+  EXPECT_EQ(Flags({"serve", "--max-running", "0"}, &e).message(),
+            "--max-step-tokens, --max-running and --max-prefill-chunk must be >= 1");
+  ServeConfig g;
+  EXPECT_EQ(ParseConfigJson(R"({"kv_dtype": 16})", &g).code(), ErrorCode::kInvalidArgument);
+}
+
 TEST(ConfigTest, BadFlags) {
   ServeConfig c;
   Status s = Flags({"serve", "--replicas", "x"}, &c);

@@ -2,10 +2,9 @@
 // (`bitroll generate`, `bitroll audit`): one registration, one check, one way to open the engine.
 //
 //   EngineFlags f;                      // model path defaults to $BITROLL_MODEL
-//   AddEngineFlags(&parser, &f);        // --device --threads --isa --attention
-//                                       // --max-step-tokens --kv-cache-mb --weights
-//                                       // --kv-dtype
-//   BR_RETURN_IF_ERROR(CheckEngineFlags(&f));  // ranges; sets f.eo.kv_cache_bytes
+//   AddEngineFlags(&parser, &f);        // --device --threads --weights, and
+//                                       // AddEngineTuningFlags' flags
+//   BR_RETURN_IF_ERROR(CheckEngineFlags(&f));  // values and ranges
 //   auto e = OpenCpuEngine(f, /*tokenizer_required=*/true, nullptr);
 //
 // --model and --tokenizer stay with each command (their help differs). Thread-safety: none needed.
@@ -26,17 +25,24 @@ namespace bitroll::rollout {
 struct EngineFlags {
   EngineFlags();  // eo.model_path from $BITROLL_MODEL when it is set
   engine::EngineOptions eo;
-  int64_t kv_cache_mb = 0;      // 0: sized from the model and the machine
   std::string weights = "f32";  // CPU matmul weight storage: f32 | bf16
 };
+
+// The engine settings every command that runs a model takes (generate, audit, serve, replica),
+// bound to *eo: --isa, --attention, --max-step-tokens, --max-running, --max-prefill-chunk,
+// --kv-cache-mb (sets eo->kv_cache_bytes; [0, 2^40]), --kv-dtype, --prefix-cache on|off,
+// --kv-disk-dir, --kv-disk-bytes. Only --kv-dtype changes bits (its own fingerprint).
+void AddEngineTuningFlags(CliParser* p, engine::EngineOptions* eo);
+
+// The checks of those values: --kv-dtype f32|bf16 (bf16 with --device cpu only), the scheduler
+// limits >= 1, --kv-disk-bytes >= 0. Errors: kInvalidArgument.
+Status CheckEngineOptionFlags(const engine::EngineOptions& eo);
 
 // Registers the group "Engine (none of these changes a bit, except --device, --weights and
 // --kv-dtype)".
 void AddEngineFlags(CliParser* p, EngineFlags* f);
 
-// --kv-cache-mb in [0, 2^40] (then f->eo.kv_cache_bytes is set), --weights f32|bf16 and
-// --kv-dtype f32|bf16 (bf16 with --device cpu only).
-// Errors: kInvalidArgument.
+// --weights f32|bf16, then CheckEngineOptionFlags(f->eo). Errors: kInvalidArgument.
 Status CheckEngineFlags(EngineFlags* f);
 
 // Loads the model (and its tokenizer: an error when `tokenizer_required`, else the engine has

@@ -301,10 +301,12 @@ def report(name, failures, t0):
 
 class References:
     """Trajectories of `bitroll generate --json`, once per distinct (prompts, params, seed,
-    max_tokens, n), cached in memory: key -> {(prompt_index, sample_index): (ids, bits)}."""
+    max_tokens, n), cached in memory: key -> {(prompt_index, sample_index): (ids, bits)}.
+    `extra`: more `generate` flags (engine settings such as --kv-dtype bf16)."""
 
-    def __init__(self, bitroll, model, tmp):
+    def __init__(self, bitroll, model, tmp, extra=()):
         self.bitroll, self.model, self.tmp = bitroll, model, tmp
+        self.extra = list(extra)
         self.cache = {}
 
     @staticmethod
@@ -317,7 +319,7 @@ class References:
     def get(self, spec):
         k = self.key(spec)
         if k not in self.cache:
-            path = os.path.join(self.tmp, f"prompts_{len(self.cache)}.jsonl")
+            path = os.path.join(self.tmp, f"prompts_{id(self)}_{len(self.cache)}.jsonl")
             with open(path, "w") as f:
                 for pr in spec["prompts"]:
                     f.write(json.dumps({"ids": list(pr)}) + "\n")
@@ -328,6 +330,7 @@ class References:
                     "--top-k", str(int(p.get("top_k", 0))),
                     "--top-p", repr(float(p.get("top_p", 1.0))),
                     "--min-p", repr(float(p.get("min_p", 0.0))), "--seed", str(spec["seed"])]
+            argv += self.extra
             r = subprocess.run(argv, capture_output=True, timeout=120)
             if r.returncode != 0:
                 raise RuntimeError(f"bitroll generate failed: {' '.join(argv)}\n"

@@ -1,0 +1,129 @@
+"""The engine settings of `bitroll serve` (flags and config keys shared with `generate` and
+`audit`, rollout/engine_flags.h), driven from outside: the CLI and the wire, as a user would.
+
+- Settings that never change a bit (--max-step-tokens, --max-prefill-chunk, --max-running,
+  --prefix-cache off, --attention split, --isa scalar): the trajectories are bit-equal to
+  `bitroll generate --json`, fingerprint backend "cpu".
+- --kv-dtype bf16 (flag, and "kv_dtype" in a --config file): fingerprint "cpu-kvbf16", bit-equal to
+  `generate --kv-dtype bf16`, and different from the fp32 bits (the negative control: the setting
+  really reaches the replica's engine).
+- Bad values: exit 2 with the one usage-error style, nothing served.
+
+    /usr/bin/python3 tests/outside/engine_settings_test.py --bitroll build/rollout/bitroll
+Exit 0 = pass, 1 = a check failed.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import outside_common as oc  # noqa: E402
+
+np = oc.np
+
+SPEC = {"prompts": [[1, 403, 407, 261, 378], [1, 56, 79]], "n": 3, "seed": 11, "max_tokens": 40,
+        "params": {"temperature": 1.0, "top_k": 0, "top_p": 0.9, "min_p": 0.0}}
+
+NEUTRAL = [
+    ["--max-step-tokens", "7", "--max-prefill-chunk", "3"],
+    ["--max-running", "1"],
+    ["--prefix-cache", "off"],
+    ["--attention", "split"],
+    ["--isa", "scalar"],
+]
+
+
+def run_group(srv, failures, label):
+    """The SPEC group through the Python client; a list of trajectories (empty on failure)."""
+    out = []
+    with oc.bitroll.Client(srv.endpoint, timeout_ms=60000) as c:
+        try:
+            g = c.submit(SPEC["prompts"], n=SPEC["n"], params=SPEC["params"], seed=SPEC["seed"],
+                         max_tokens=SPEC["max_tokens"])
+            out = list(g)
+        except Exception as e:  # a typed error or a timeout: a failure of this case
+            failures.append(f"{label}: the group failed: {e}")
+            return []
+    if len(out) != len(SPEC["prompts"]) * SPEC["n"]:
+        failures.append(f"{label}: {len(out)} trajectories")
+    return out
+
+
+def check(trajs, ref, backend, failures, label):
+    for t in trajs:
+        if t.fingerprint.get("backend") != backend:
+            failures.append(f"{label}: fingerprint backend {t.fingerprint.get('backend')!r}, "
+                            f"want {backend!r}")
+        why = ref.check(SPEC, t)
+        if why:
+            failures.append(f"{label}: prompt {t.prompt_index} sample {t.sample_index}: {why}")
+
+
+def serve_case(a, tmp, extra, ref, backend, failures, label):
+    srv = oc.Server(a.bitroll, a.model, extra=extra, log=os.path.join(tmp, f"{len(label)}.log"))
+    try:
+        srv.start()
+        trajs = run_group(srv, failures, label)
+        check(trajs, ref, backend, failures, label)
+        if not srv.alive():
+            failures.append(f"{label}: bitroll serve died:\n{srv.log_tail()}")
+        return trajs
+    finally:
+        srv.kill9()
+
+
+def usage_error(a, args, want, failures):
+    argv = [a.bitroll, "serve", "--model", a.model, "--bind", "tcp://127.0.0.1:1"] + args
+    try:
+        p = subprocess.run(argv, capture_output=True, timeout=20)
+    except subprocess.TimeoutExpired:  # it started serving: the bad value was accepted
+        failures.append(f"serve {' '.join(args)}: accepted (still running after 20 s)")
+        return
+    err = p.stderr.decode(errors="replace")
+    if p.returncode != 2 or f"bitroll serve: {want}" not in err or p.stdout:
+        failures.append(f"serve {' '.join(args)}: rc {p.returncode}, stderr {err[:300]!r}, "
+                        f"want rc 2 and 'bitroll serve: {want}'")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bitroll", default=oc.default_bitroll())
+    ap.add_argument("--model", default=oc.default_model())
+    a = oc.parse_args(ap)
+    if a is None:
+        return 0
+    t0 = time.time()
+    failures = []
+    with oc.TempDir("bitroll_engine_settings_") as tmp:
+        f32 = oc.References(a.bitroll, a.model, tmp)
+        bf16 = oc.References(a.bitroll, a.model, tmp, extra=["--kv-dtype", "bf16"])
+        serve_case(a, tmp, [], f32, "cpu", failures, "default")
+        for extra in NEUTRAL:
+            serve_case(a, tmp, extra, f32, "cpu", failures, " ".join(extra))
+        got = serve_case(a, tmp, ["--kv-dtype", "bf16"], bf16, "cpu-kvbf16", failures,
+                         "--kv-dtype bf16")
+        # Negative control: the bf16 cache's bits are not the fp32 ones (else the setting was
+        # dropped on the way and the checks above prove nothing).
+        if got and all(f32.check(SPEC, t) is None for t in got):
+            failures.append("--kv-dtype bf16: the trajectories equal the fp32 ones")
+        cfg = os.path.join(tmp, "serve.json")
+        with open(cfg, "w") as f:
+            json.dump({"kv_dtype": "bf16", "max_step_tokens": 5, "prefix_cache": False}, f)
+        serve_case(a, tmp, ["--config", cfg], bf16, "cpu-kvbf16", failures, "config kv_dtype")
+        usage_error(a, ["--kv-dtype", "f16"], "--kv-dtype must be f32 or bf16, got 'f16'",
+                    failures)
+        usage_error(a, ["--prefix-cache", "maybe"], "--prefix-cache must be on or off",
+                    failures)
+        usage_error(a, ["--max-step-tokens", "0"], "--max-step-tokens, --max-running and "
+                    "--max-prefill-chunk must be >= 1", failures)
+        usage_error(a, ["--kv-cache-mb", "-5"], "--kv-cache-mb must be in [0, 2^40]", failures)
+    return oc.report("engine_settings_test", failures, t0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -287,15 +287,19 @@ void RunSingle(Isa isa, const AttentionParams& p, int32_t first, int32_t n_queri
   auto flush = [&] {
     ChunkPartials(isa, p, jobs, n_jobs, parts);
     // Prefill groups: one chunk of several queries, so every job merges into its own row's state
-    // and the merges are independent: AVX-512 runs them as the lanes of one register.
-    bool distinct = isa == Isa::kAvx512 && n_jobs > 1;
+    // and the merges are independent: AVX-512 and AVX2 run them as the lanes of one register.
+    bool distinct = (isa == Isa::kAvx512 || isa == Isa::kAvx2) && n_jobs > 1;
     for (int32_t k = 0; k < n_jobs && distinct; ++k) {
       distinct = (sink || rel[k] > 0) && (k == 0 || owner[k] > owner[k - 1]);  // one chunk
     }
     if (distinct) {
       AttentionPartial* targets[kMaxChunkJobs];
       for (int32_t k = 0; k < n_jobs; ++k) targets[k] = &acc[owner[k]];
-      internal::MergePartialsAvx512(p.head_dim, n_jobs, targets, parts);
+      if (isa == Isa::kAvx512) {
+        internal::MergePartialsAvx512(p.head_dim, n_jobs, targets, parts);
+      } else {
+        internal::MergePartialsAvx2(p.head_dim, n_jobs, targets, parts);
+      }
       n_jobs = 0;
       return;
     }

@@ -182,6 +182,27 @@ void ChunkPartialAvx2(const AttentionParams& p, const float* q, int32_t kvh, con
 
 // deterministic: MergePartial's operations (attention.cc) in the same order; the element-wise
 // o update runs 8 lanes at a time with explicit multiplies and add (no contraction).
+namespace {
+
+// o <- o * a + co * b, element by element (explicit multiplies and add: no contraction).
+void MergeValues(int32_t head_dim, float* o, const float* co, float a, float b) {
+  const __m256 va = _mm256_set1_ps(a);
+  const __m256 vb = _mm256_set1_ps(b);
+  int32_t d = 0;
+  for (; d + 8 <= head_dim; d += 8) {
+    const __m256 oa = _mm256_mul_ps(_mm256_loadu_ps(o + d), va);
+    const __m256 ob = _mm256_mul_ps(_mm256_loadu_ps(co + d), vb);
+    _mm256_storeu_ps(o + d, _mm256_add_ps(oa, ob));
+  }
+  for (; d < head_dim; ++d) {
+    const float oa = o[d] * a;
+    const float ob = co[d] * b;
+    o[d] = oa + ob;
+  }
+}
+
+}  // namespace
+
 void MergePartialAvx2(int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c) {
   const float m = std::max(acc->m, c.m);
   const float a = Exp(acc->m - m);
@@ -189,20 +210,37 @@ void MergePartialAvx2(int32_t head_dim, AttentionPartial* acc, const AttentionPa
   const float la = acc->l * a;
   const float lb = c.l * b;
   acc->l = la + lb;
-  const __m256 va = _mm256_set1_ps(a);
-  const __m256 vb = _mm256_set1_ps(b);
-  int32_t d = 0;
-  for (; d + 8 <= head_dim; d += 8) {
-    const __m256 oa = _mm256_mul_ps(_mm256_loadu_ps(acc->o + d), va);
-    const __m256 ob = _mm256_mul_ps(_mm256_loadu_ps(c.o + d), vb);
-    _mm256_storeu_ps(acc->o + d, _mm256_add_ps(oa, ob));
-  }
-  for (; d < head_dim; ++d) {
-    const float oa = acc->o[d] * a;
-    const float ob = c.o[d] * b;
-    acc->o[d] = oa + ob;
-  }
+  MergeValues(head_dim, acc->o, c.o, a, b);
   acc->m = m;
+}
+
+void MergePartialsAvx2(int32_t head_dim, int32_t n, AttentionPartial* const* acc,
+                       const AttentionPartial* c) {
+  alignas(32) float am[8] = {}, cm[8] = {}, al[8] = {}, cl[8] = {};
+  for (int32_t i = 0; i < n; ++i) {
+    am[i] = acc[i]->m;
+    cm[i] = c[i].m;
+    al[i] = acc[i]->l;
+    cl[i] = c[i].l;
+  }
+  const __m256 vam = _mm256_load_ps(am);
+  const __m256 vcm = _mm256_load_ps(cm);
+  // std::max(a, b) is (a < b) ? b : a, lane by lane (also for +-0 and NaN).
+  const __m256 m = _mm256_blendv_ps(vam, vcm, _mm256_cmp_ps(vam, vcm, _CMP_LT_OQ));
+  const __m256 a = Exp8(_mm256_sub_ps(vam, m));
+  const __m256 b = Exp8(_mm256_sub_ps(vcm, m));
+  const __m256 la = _mm256_mul_ps(_mm256_load_ps(al), a);
+  const __m256 lb = _mm256_mul_ps(_mm256_load_ps(cl), b);
+  alignas(32) float mo[8], lo[8], ao[8], bo[8];
+  _mm256_store_ps(mo, m);
+  _mm256_store_ps(lo, _mm256_add_ps(la, lb));
+  _mm256_store_ps(ao, a);
+  _mm256_store_ps(bo, b);
+  for (int32_t i = 0; i < n; ++i) {
+    MergeValues(head_dim, acc[i]->o, c[i].o, ao[i], bo[i]);
+    acc[i]->l = lo[i];
+    acc[i]->m = mo[i];
+  }
 }
 
 }  // namespace bitroll::kernels::internal

@@ -49,10 +49,12 @@ void ChunkPartialsAvx512(const AttentionParams& p, const ChunkJob* jobs, int32_t
 void MergePartialAvx2(int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c);
 void MergePartialAvx512(int32_t head_dim, AttentionPartial* acc, const AttentionPartial& c);
 
-// *acc[i] <- merge(*acc[i], c[i]) for i < n (1 <= n <= 16), REQUIRES distinct acc[i]: n
-// independent merges, each with MergePartial's operations in its order; their scalar m, l and
-// Exp() steps run as the lanes of one register (Exp16 is Exp lane by lane), so each result has
-// the bits of MergePartial alone.
+// *acc[i] <- merge(*acc[i], c[i]) for i < n (1 <= n <= 16, AVX2: <= 8), REQUIRES distinct acc[i]:
+// n independent merges, each with MergePartial's operations in its order; their scalar m, l and
+// Exp() steps run as the lanes of one register (Exp16 / Exp8 are Exp lane by lane), so each result
+// has the bits of MergePartial alone.
+void MergePartialsAvx2(int32_t head_dim, int32_t n, AttentionPartial* const* acc,
+                       const AttentionPartial* c);
 void MergePartialsAvx512(int32_t head_dim, int32_t n, AttentionPartial* const* acc,
                          const AttentionPartial* c);
 

@@ -261,19 +261,17 @@ TEST(Attention, NegativeControlBf16KvChangesBits) {
   EXPECT_FALSE(SameBits(fp32, f.Run(BestIsa(), AttentionKernel::kAuto, nullptr)));
 }
 
-// The lane-parallel merge of independent rows (AVX-512 prefill groups) against MergePartial one
-// at a time, including equal maxima, +-0, a far smaller maximum (Exp underflows to 0) and -inf.
-TEST(Attention, LaneParallelMergeGivesMergePartialBits) {
-  if (!IsaSupported(Isa::kAvx512)) {
-    std::cerr << "*** attention_test: no AVX-512; the lane-parallel merge is NOT tested ***\n";
-    return;
-  }
+// The lane-parallel merge of independent rows (AVX-512 and AVX2 prefill groups) against
+// MergePartial one at a time, including equal maxima, +-0, a far smaller maximum (Exp underflows
+// to 0) and -inf.
+void CheckLaneParallelMerge(Isa isa) {
+  const int32_t lanes = isa == Isa::kAvx512 ? 16 : 8;
   std::mt19937 rng(17);
   std::normal_distribution<float> nd(0.0f, 3.0f);
   const float specials[] = {0.0f,    -0.0f,  1.0f,
                             -200.0f, 150.0f, -std::numeric_limits<float>::infinity()};
   for (int32_t head_dim : {3, 8, 64, 80}) {
-    for (int32_t n = 1; n <= 16; ++n) {
+    for (int32_t n = 1; n <= lanes; ++n) {
       std::vector<AttentionPartial> acc(n), c(n);
       for (int32_t i = 0; i < n; ++i) {
         for (AttentionPartial* x : {&acc[i], &c[i]}) {
@@ -287,12 +285,27 @@ TEST(Attention, LaneParallelMergeGivesMergePartialBits) {
       for (int32_t i = 0; i < n; ++i) MergePartial(Isa::kScalar, head_dim, &want[i], c[i]);
       std::vector<AttentionPartial*> targets;
       for (auto& a : acc) targets.push_back(&a);
-      internal::MergePartialsAvx512(head_dim, n, targets.data(), c.data());
+      if (isa == Isa::kAvx512) {
+        internal::MergePartialsAvx512(head_dim, n, targets.data(), c.data());
+      } else {
+        internal::MergePartialsAvx2(head_dim, n, targets.data(), c.data());
+      }
       for (int32_t i = 0; i < n; ++i) {
         EXPECT_EQ(0, std::memcmp(&want[i], &acc[i], 2 * sizeof(float) + head_dim * sizeof(float)))
-            << "head_dim " << head_dim << " n " << n << " row " << i;
+            << IsaName(isa) << " head_dim " << head_dim << " n " << n << " row " << i;
       }
     }
+  }
+}
+
+TEST(Attention, LaneParallelMergeGivesMergePartialBits) {
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) {
+      std::cerr << "*** attention_test: no " << IsaName(isa)
+                << "; its lane-parallel merge is NOT tested ***\n";
+      continue;
+    }
+    CheckLaneParallelMerge(isa);
   }
 }
 

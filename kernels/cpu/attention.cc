@@ -153,6 +153,8 @@ using internal::kMaxChunkJobs;
 // Up to this many consecutive query rows of one sequence and head run as one task, so each chunk
 // of K/V is loaded once for all of them.
 constexpr int32_t kGroupQueries = 8;
+// A tile group of fewer rows runs RunSingle instead (most of the tile's lanes would idle).
+constexpr int32_t kMinTileQueries = 4;
 
 // out[i] <- the canonical partial of jobs[i]; bit-identical to ChunkPartial of each job alone.
 void ChunkPartialsIsa(Isa isa, const AttentionParams& p, const ChunkJob* jobs, int32_t n,
@@ -364,8 +366,13 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   }
   if (static_cast<int64_t>(s->partials.size()) < n_partials) s->partials.resize(n_partials);
 
+  // Prefill tiles: with AVX-512, fp32 K/V and full attention, a group of at least kMinTileQueries
+  // rows runs as one tile of up to kTileQueries rows, one query per lane (the same bits).
+  const bool tiles = isa == Isa::kAvx512 && p.window <= 0 && p.kv_dtype == DType::kF32;
+  const int32_t group_max = tiles ? internal::kTileQueries : kGroupQueries;
+
   // Phase 1 tasks, three int32 each. Single-worker groups {first token, tokens, head}: runs of up
-  // to kGroupQueries consecutive tokens of one head and one sequence (same block table), none of
+  // to group_max consecutive tokens of one head and one sequence (same block table), none of
   // them split. Then the split chunk groups {-1 - split index, first chunk, chunks}: up to
   // kMaxChunkJobs consecutive chunks of one split item (fewer when the item has few chunks, so
   // that its chunks still spread over the workers).
@@ -379,7 +386,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         group_n = 0;
         continue;
       }
-      if (group_n > 0 && group_n < kGroupQueries && group_first + group_n == t &&
+      if (group_n > 0 && group_n < group_max && group_first + group_n == t &&
           p.block_tables[t] == p.block_tables[group_first]) {
         ++group_n;
         continue;
@@ -404,7 +411,13 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   auto phase1 = [&](int /*worker*/, int64_t task) {
     const int32_t* t = &tasks[3 * task];
     if (t[0] >= 0) {
-      RunSingle(isa, p, t[0], t[1], t[2]);
+      if (tiles && t[1] >= kMinTileQueries) {
+        internal::AttentionTileAvx512(p, t[0], t[1], t[2]);
+        return;
+      }
+      for (int32_t i = 0; i < t[1]; i += kGroupQueries) {  // a short tile group: 8 at a time
+        RunSingle(isa, p, t[0] + i, std::min(kGroupQueries, t[1] - i), t[2]);
+      }
       return;
     }
     const int64_t k = -1 - t[0];

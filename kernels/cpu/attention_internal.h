@@ -58,6 +58,14 @@ void MergePartialsAvx2(int32_t head_dim, int32_t n, AttentionPartial* const* acc
 void MergePartialsAvx512(int32_t head_dim, int32_t n, AttentionPartial* const* acc,
                          const AttentionPartial* c);
 
+// The prefill tile (AVX-512, fp32 K/V, full attention: window 0): the items (tokens first ..
+// first + n - 1, head `head`), consecutive rows of one sequence (one block table), one query per
+// lane of every register; writes their outputs. Each row gets the bits of the single-worker walk
+// (the canonical order of attention.h, lane by lane; attention_tile_avx512.cc). 1 <= n <=
+// kTileQueries.
+inline constexpr int32_t kTileQueries = 16;
+void AttentionTileAvx512(const AttentionParams& p, int32_t first, int32_t n, int32_t head);
+
 // Addresses of chunk `chunk`'s keys for kv head `kvh`: K rows [head_dim][block_size] starting at
 // the chunk's first key, and V rows [keys][head_dim]. T: the pool's element type (float, or
 // uint16_t holding bf16 bits).

@@ -439,7 +439,7 @@ TEST(AttentionWindow, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) {
         for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
       }
       if (bf16) f.UseBf16Kv();
-      for (int32_t w : {1, 8, 20, 37}) {
+      for (int32_t w : {0, 1, 8, 20, 37}) {  // 0: full attention (the AVX-512 prefill tile)
         for (bool sinks : {false, true}) {
           const std::vector<float> sk = window::Sinks(c.n_heads, seed + w);
           f.p.window = w;
@@ -463,18 +463,14 @@ TEST(AttentionWindow, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) {
   }
 }
 
-// A row's bits do not depend on which rows share the call (chunked prefill cut anywhere).
-TEST(AttentionWindow, RowDoesNotDependOnTheCallsOtherRows) {
-  Fixture f(window::PrefillCase(4, 2, 16, 16, 70), 81);
-  for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
-  const std::vector<float> sk = window::Sinks(4, 5);
-  f.p.window = 20;
-  f.p.sinks = sk.data();
+// Every row of f's call, computed in calls of other rows (cut at several starts and lengths),
+// has the bits it has in the whole call.
+void CheckRowsAlone(Fixture& f) {
   ThreadPool pool(2);
   const std::vector<float> whole = f.Run(BestIsa(), AttentionKernel::kAuto, &pool);
   const int64_t row = int64_t{f.c.n_heads} * f.c.head_dim;
   for (int32_t start : {0, 9, 21, 33, 47}) {
-    for (int32_t len : {1, 5, 13}) {
+    for (int32_t len : {1, 5, 13, 16, 23}) {
       if (start + len > 70) continue;
       AttentionParams pp = f.p;
       pp.n_tokens = len;
@@ -485,8 +481,20 @@ TEST(AttentionWindow, RowDoesNotDependOnTheCallsOtherRows) {
       pp.out = out.data();
       Attention(BestIsa(), pp, AttentionKernel::kAuto, &pool, nullptr);
       EXPECT_EQ(0, std::memcmp(out.data(), whole.data() + start * row, out.size() * 4))
-          << "rows " << start << ".." << start + len - 1;
+          << "rows " << start << ".." << start + len - 1 << " window " << f.p.window;
     }
+  }
+}
+
+// A row's bits do not depend on which rows share the call (chunked prefill cut anywhere).
+TEST(AttentionWindow, RowDoesNotDependOnTheCallsOtherRows) {
+  Fixture f(window::PrefillCase(4, 2, 16, 16, 70), 81);
+  for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
+  const std::vector<float> sk = window::Sinks(4, 5);
+  for (int32_t w : {20, 0}) {  // 0: full attention, rows in AVX-512 tiles of 16 cut anywhere
+    f.p.window = w;
+    f.p.sinks = sk.data();
+    CheckRowsAlone(f);
   }
 }
 

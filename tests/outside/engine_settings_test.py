@@ -13,7 +13,6 @@
 Exit 0 = pass, 1 = a check failed.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -91,9 +90,7 @@ def usage_error(a, args, want, failures):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bitroll", default=oc.default_bitroll())
-    ap.add_argument("--model", default=oc.default_model())
+    ap = oc.standard_parser(__doc__)
     a = oc.parse_args(ap)
     if a is None:
         return 0

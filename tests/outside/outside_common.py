@@ -276,6 +276,15 @@ def wait_status(wire, timeout=10.0, poll_ms=20):
     return None
 
 
+def standard_parser(doc):
+    """The parser an outside test starts from: --bitroll and --model with their defaults."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--bitroll", default=default_bitroll())
+    ap.add_argument("--model", default=default_model())
+    return ap
+
+
 def parse_args(ap):
     """ap.parse_args() plus the checks every outside test makes; None: skip (said loudly)."""
     a = ap.parse_args()

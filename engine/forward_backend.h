@@ -36,6 +36,12 @@ struct ForwardRow {
   int32_t position = 0;
   const int32_t* block_table = nullptr;  // the row's sequence; covers position
   bool want_logits = false;
+  // A cache with a sliding pool (KvCache::split()): the sequence's sliding block table, whose
+  // entries for blocks inside any sliding layer's window of `position` are valid (-1 elsewhere).
+  const int32_t* sliding_table = nullptr;
+  // false: the full-attention layers' K/V of this row are already in the cache (the row rebuilds
+  // sliding-window state, docs/design.md "SWA prefix-cache policies"): they read, never write.
+  bool write_full_kv = true;
 };
 
 // The row checks every backend's Forward applies before any work: kOutOfRange for a token id

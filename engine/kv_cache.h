@@ -18,6 +18,15 @@
 // prefix); nobody may Write() into it. Writers first copy it (CopyBlock into a fresh block:
 // copy-on-write, done by the scheduler before the step runs).
 //
+// Pools per layer kind (KvCacheOptions::layer_sliding): a hybrid model's sliding-window layers
+// may live in a second pool (KvPool::kSliding) with its own block ids, reference counts and free
+// list, so that a sequence can hold only the sliding blocks its windows still read while it keeps
+// every full-attention block (docs/design.md "KV memory per layer kind"). Every block operation
+// takes the pool (default kFull); the layer-indexed ones (k_layer, v_layer, Write) map a model
+// layer to its pool by themselves, and the caller passes a block id of that pool. Without
+// layer_sliding there is one pool holding every layer: the layout, the ids and the bytes are the
+// single-pool cache's.
+//
 // Device storage: a forward backend that keeps the K/V bytes elsewhere (the CUDA backend's device
 // pool, indexed by the same block ids) installs a KvBlockStore with set_store(); CopyBlock,
 // ExportBlock and ImportBlock then act on that store, and the host pages (lazily mapped zero
@@ -48,6 +57,8 @@ class KvBlockStore {
   virtual void ImportBlock(int32_t block, const float* in) = 0;
 };
 
+enum class KvPool : uint8_t { kFull = 0, kSliding = 1 };
+
 struct KvCacheOptions {
   int32_t n_layers = 0;
   int32_t n_kv_heads = 0;
@@ -57,50 +68,61 @@ struct KvCacheOptions {
   // Element type: kF32, or kBF16 (half the memory and the attention traffic; K/V are rounded when
   // written, so a different numerics fingerprint). kF16 is refused.
   DType dtype = DType::kF32;
+  // Empty: one pool for every layer. Else n_layers entries, non-zero for a layer whose K/V live in
+  // the sliding pool (num_sliding_blocks blocks); at least one layer must stay in the full pool.
+  std::vector<uint8_t> layer_sliding;
+  int64_t num_sliding_blocks = 0;
 };
 
 class KvCache {
  public:
   // Errors: kInvalidArgument for bad sizes, kResourceExhausted when the memory can't be had.
   static Result<std::unique_ptr<KvCache>> Create(const KvCacheOptions& options);
-  // Bytes of one block across all layers (K and V).
-  static int64_t BlockBytes(const KvCacheOptions& options);
+  // Bytes of one block of `pool` across its layers (K and V); kFull without layer_sliding: every
+  // layer.
+  static int64_t BlockBytes(const KvCacheOptions& options, KvPool pool = KvPool::kFull);
 
   const KvCacheOptions& options() const { return opt_; }
   int32_t block_size() const { return opt_.block_size; }
-  int64_t num_blocks() const { return opt_.num_blocks; }
-  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
-  int64_t bytes() const { return static_cast<int64_t>(k_.size() + v_.size()); }
+  // True when the sliding layers have their own pool.
+  bool split() const { return pools_[1].n_layers > 0; }
+  KvPool pool_of(int32_t layer) const { return layer_pool_[layer]; }
+  int64_t num_blocks(KvPool pool = KvPool::kFull) const { return P(pool).num_blocks; }
+  int64_t free_blocks(KvPool pool = KvPool::kFull) const {
+    return static_cast<int64_t>(P(pool).free.size());
+  }
+  int64_t bytes() const;
 
   // A free block with reference count 1, or kResourceExhausted.
-  Result<int32_t> Allocate();
-  void Retain(int32_t block);
+  Result<int32_t> Allocate(KvPool pool = KvPool::kFull);
+  void Retain(int32_t block, KvPool pool = KvPool::kFull);
   // Drops one reference; at zero the block is free again.
-  void Release(int32_t block);
-  int32_t RefCount(int32_t block) const { return refs_[block]; }
+  void Release(int32_t block, KvPool pool = KvPool::kFull);
+  int32_t RefCount(int32_t block, KvPool pool = KvPool::kFull) const { return P(pool).refs[block]; }
   // True when `block` is on the free list (reference count 0).
-  bool IsFree(int32_t block) const { return refs_[block] == 0; }
+  bool IsFree(int32_t block, KvPool pool = KvPool::kFull) const { return P(pool).refs[block] == 0; }
 
-  // Floats of one block across all layers, K then V (the Export/Import payload; with a bf16 cache
-  // the payload is the bf16 bytes, two elements per float slot).
-  int64_t block_floats() const { return BlockBytes(opt_) / 4; }
+  // Floats of one block of `pool` across its layers, K then V (the Export/Import payload; with a
+  // bf16 cache the payload is the bf16 bytes, two elements per float slot).
+  int64_t block_floats(KvPool pool = KvPool::kFull) const { return BlockBytes(opt_, pool) / 4; }
   // Routes CopyBlock / ExportBlock / ImportBlock to `store` (not owned; nullptr = the host pages).
   void set_store(KvBlockStore* store) { store_ = store; }
   const KvBlockStore* store() const { return store_; }
-  // Copies every layer's K and V of block `src` into block `dst` (copy-on-write).
-  // REQUIRES: src != dst, both allocated.
-  void CopyBlock(int32_t src, int32_t dst);
-  // Gathers block `block` into `out` ([layer][K|V][kv_head * head_dim * block_size], block_floats()
-  // floats) and back. Used by the disk tier; the bits round-trip exactly.
-  void ExportBlock(int32_t block, float* out) const;
-  void ImportBlock(int32_t block, const float* in);
+  // Copies every layer's K and V (of the pool's layers) of block `src` into block `dst`
+  // (copy-on-write). REQUIRES: src != dst, both allocated.
+  void CopyBlock(int32_t src, int32_t dst, KvPool pool = KvPool::kFull);
+  // Gathers block `block` into `out` ([layer][K|V][kv_head * head_dim * block_size], over the
+  // pool's layers, block_floats(pool) floats) and back. Used by the disk tier; the bits round-trip
+  // exactly. The sliding pool is always host memory (a store serves kFull only).
+  void ExportBlock(int32_t block, float* out, KvPool pool = KvPool::kFull) const;
+  void ImportBlock(int32_t block, const float* in, KvPool pool = KvPool::kFull);
 
-  // This layer's host pools, as the CPU attention kernel wants them (unused with a store):
-  // options().dtype elements (float, or uint16_t bf16 bits).
-  const void* k_layer(int32_t layer) const { return k_.data() + layer * layer_stride_; }
-  const void* v_layer(int32_t layer) const { return v_.data() + layer * layer_stride_; }
-  // Stores one token's k and v (each n_kv_heads * head_dim floats) at `slot` of `block`, rounded
-  // to bf16 (nearest even) in a bf16 cache.
+  // This layer's host pages (in its pool), as the CPU attention kernel wants them (unused with a
+  // store): options().dtype elements (float, or uint16_t bf16 bits).
+  const void* k_layer(int32_t layer) const;
+  const void* v_layer(int32_t layer) const;
+  // Stores one token's k and v (each n_kv_heads * head_dim floats) at `slot` of `block` (a block
+  // of the layer's pool), rounded to bf16 (nearest even) in a bf16 cache.
   void Write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v);
 
  private:
@@ -124,13 +146,23 @@ class KvCache {
     size_t n_ = 0;
   };
 
+  struct Pool {
+    int32_t n_layers = 0;
+    int64_t num_blocks = 0;
+    int64_t layer_stride = 0;  // bytes per layer in k and v
+    ZeroPages k;
+    ZeroPages v;
+    std::vector<int32_t> refs;
+    std::vector<int32_t> free;  // a stack: the most recently freed block is reused first
+  };
+  const Pool& P(KvPool p) const { return pools_[static_cast<int>(p)]; }
+  Pool& P(KvPool p) { return pools_[static_cast<int>(p)]; }
+
   KvCacheOptions opt_;
-  int64_t layer_stride_ = 0;  // bytes per layer in each pool
-  int64_t elem_ = 4;          // bytes per element
-  ZeroPages k_;
-  ZeroPages v_;
-  std::vector<int32_t> refs_;
-  std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
+  int64_t elem_ = 4;  // bytes per element
+  Pool pools_[2];
+  std::vector<KvPool> layer_pool_;    // [n_layers]
+  std::vector<int32_t> layer_index_;  // [n_layers]: the layer's index inside its pool
   KvBlockStore* store_ = nullptr;
 };
 

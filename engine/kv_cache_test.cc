@@ -112,5 +112,48 @@ TEST(KvCache, Bf16StoresRoundedValuesAndRoundTripsExactly) {
   EXPECT_EQ(KvCache::Create(o).status().code(), ErrorCode::kInvalidArgument);
 }
 
+// A split cache: the sliding layers' pool has its own ids, counts and free list; writes land in
+// the layer's pool; CopyBlock / Export / Import act on one pool's layers; bad splits are refused.
+TEST(KvCache, SlidingPoolIsSeparate) {
+  KvCacheOptions o = Small();
+  o.n_layers = 3;
+  o.layer_sliding = {1, 0, 1};
+  o.num_sliding_blocks = 2;
+  auto c = KvCache::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KvCache& kv = **c;
+  EXPECT_TRUE(kv.split());
+  EXPECT_EQ(kv.pool_of(0), KvPool::kSliding);
+  EXPECT_EQ(kv.pool_of(1), KvPool::kFull);
+  EXPECT_EQ(KvCache::BlockBytes(o, KvPool::kFull) * 2, KvCache::BlockBytes(o, KvPool::kSliding));
+  EXPECT_EQ(kv.num_blocks(KvPool::kSliding), 2);
+  Result<int32_t> a = kv.Allocate(KvPool::kSliding);
+  Result<int32_t> b = kv.Allocate(KvPool::kSliding);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_FALSE(kv.Allocate(KvPool::kSliding).ok());
+  EXPECT_EQ(kv.free_blocks(KvPool::kFull), 4);  // the full pool is untouched
+  std::vector<float> k(8, 1.5f), v(8, -2.5f);
+  kv.Write(0, *a, 3, k.data(), v.data());  // sliding layer 0, sliding block a
+  kv.Write(2, *a, 4, k.data(), v.data());
+  kv.CopyBlock(*a, *b, KvPool::kSliding);
+  std::vector<float> pa(kv.block_floats(KvPool::kSliding)), pb(pa.size());
+  kv.ExportBlock(*a, pa.data(), KvPool::kSliding);
+  kv.ExportBlock(*b, pb.data(), KvPool::kSliding);
+  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)));
+  EXPECT_EQ(pa[3 * 8 + 0], 0.0f);   // K is [head_dim][block]: slot 3 of d 0 ...
+  EXPECT_EQ(pa[0 * 16 + 3], 1.5f);  // ... is element 3
+  kv.Release(*a, KvPool::kSliding);
+  EXPECT_TRUE(kv.IsFree(*a, KvPool::kSliding));
+  for (std::vector<uint8_t> bad :
+       {std::vector<uint8_t>{1, 1, 1}, std::vector<uint8_t>{0, 0, 0}, std::vector<uint8_t>{1, 0}}) {
+    KvCacheOptions x = o;
+    x.layer_sliding = bad;
+    EXPECT_EQ(KvCache::Create(x).status().code(), ErrorCode::kInvalidArgument);
+  }
+  KvCacheOptions none = o;
+  none.num_sliding_blocks = 0;
+  EXPECT_EQ(KvCache::Create(none).status().code(), ErrorCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace bitroll::engine

@@ -160,6 +160,7 @@ void Transformer::EnsureScratch(int64_t rows) {
   route_ids_.resize(rows * c.n_layers * c.n_experts_per_tok);
   route_weights_.resize(rows * c.n_layers * c.n_experts_per_tok);
   tables_.resize(rows);
+  sliding_tables_.resize(rows);
 }
 
 void Transformer::RunMatmul(const kernels::MatmulParams& p) {
@@ -199,6 +200,7 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     TensorRowToF32(w_->token_embedding, rows[r].token, dim, x_.data() + r * dim);
     positions_[r] = rows[r].position;
     tables_[r] = rows[r].block_table;
+    sliding_tables_[r] = rows[r].sliding_table;
     const bool run =
         r > 0 && tables_[r - 1] == tables_[r] && positions_[r - 1] + 1 == positions_[r];
     window_anchor_[r] = run ? window_anchor_[r - 1] : positions_[r];
@@ -226,6 +228,8 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
 
   for (int32_t l = 0; l < c.n_layers; ++l) {
     Layer& L = layers_[l];
+    // A split cache keeps sliding layers in their own pool, read through the sliding tables.
+    const bool sliding_pool = cache->pool_of(l) == KvPool::kSliding;
     // attention block
     RowOp(n, [&](int64_t r) {
       kernels::RmsNorm(isa, x_.data() + r * dim, L.attn_norm.data(), dim, c.norm_eps,
@@ -251,8 +255,13 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
       kernels::Rope(isa, row, c.n_heads, hd, cs, sn, c.rope_layout);          // q
       kernels::Rope(isa, row + qd, c.n_kv_heads, hd, cs, sn, c.rope_layout);  // k
       std::memcpy(q_.data() + r * qd, row, qd * sizeof(float));
-      const int32_t block = rows[r].block_table[pos / bs];
-      cache->Write(l, block, static_cast<int32_t>(pos % bs), row + qd, row + qd + kv);
+      if (sliding_pool) {
+        const int32_t block = rows[r].sliding_table[pos / bs];
+        cache->Write(l, block, static_cast<int32_t>(pos % bs), row + qd, row + qd + kv);
+      } else if (rows[r].write_full_kv) {
+        const int32_t block = rows[r].block_table[pos / bs];
+        cache->Write(l, block, static_cast<int32_t>(pos % bs), row + qd, row + qd + kv);
+      }
     });
     kernels::AttentionParams ap;
     ap.n_tokens = static_cast<int32_t>(n);
@@ -266,7 +275,7 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     ap.v_cache = cache->v_layer(l);
     ap.kv_dtype = cache->options().dtype;
     ap.positions = positions_.data();
-    ap.block_tables = tables_.data();
+    ap.block_tables = sliding_pool ? sliding_tables_.data() : tables_.data();
     ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     ap.window = L.window;
     ap.sinks = L.sinks.empty() ? nullptr : L.sinks.data();

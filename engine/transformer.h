@@ -149,6 +149,7 @@ class Transformer final : public ForwardBackend {
   std::vector<int32_t> route_ids_;      // MoE: [rows][n_layers][k] of the last Forward
   std::vector<float> route_weights_;
   std::vector<const int32_t*> tables_;
+  std::vector<const int32_t*> sliding_tables_;
 };
 
 // Converts a weight tensor of any supported dtype to fp32 (norm vectors, embedding rows).

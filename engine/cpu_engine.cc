@@ -107,6 +107,11 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
       return Status::InvalidArgument(
           "engine: the forward backend's model differs from the weights");
     }
+    if (c.has_sliding() || c.attn_sinks) {
+      return Status::Unsupported(
+          "engine: sliding-window layers and attention sinks run on the "
+          "cpu device only");
+    }
     e->backend_ = std::move(parts.backend);
   } else {
     TransformerOptions topt;
@@ -134,16 +139,55 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   kv.head_dim = c.head_dim();
   kv.block_size = kKvBlockTokens;
   kv.dtype = kv_storage;
+  BR_ASSIGN_OR_RETURN(const SwaCache swa, ParseSwaCache(o.swa_cache, kv.block_size));
+  // A hybrid model on the CPU backend keeps its sliding layers in their own pool (kv_cache.h).
+  int32_t n_sliding = 0, widest = 0;
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    n_sliding += c.window(l) > 0 ? 1 : 0;
+    widest = std::max(widest, c.window(l));
+  }
+  const bool split = n_sliding > 0 && n_sliding < c.n_layers && e->backend_->kv_store() == nullptr;
   const int64_t per_seq = (c.max_seq_len + kv.block_size - 1) / kv.block_size;
-  const int64_t budget = o.kv_cache_bytes > 0 ? o.kv_cache_bytes
-                                              : AutoKvCacheBytes(per_seq * KvCache::BlockBytes(kv),
-                                                                 MemAvailableBytes());
-  kv.num_blocks = budget / KvCache::BlockBytes(kv);
+  if (split) {
+    kv.layer_sliding.resize(static_cast<size_t>(c.n_layers));
+    for (int32_t l = 0; l < c.n_layers; ++l) kv.layer_sliding[l] = c.window(l) > 0 ? 1 : 0;
+  }
+  const int64_t full_bytes = KvCache::BlockBytes(kv, KvPool::kFull);
+  const int64_t sliding_bytes = KvCache::BlockBytes(kv, KvPool::kSliding);
+  const int64_t budget =
+      o.kv_cache_bytes > 0
+          ? o.kv_cache_bytes
+          : AutoKvCacheBytes(per_seq * (full_bytes + sliding_bytes), MemAvailableBytes());
+  kv.num_blocks = budget / (full_bytes + sliding_bytes);
+  if (split) {
+    // The budget by layer kind: the sliding pool holds the running sequences' windows and chunks
+    // plus what the policy caches (full: a block per cached block; checkpoint: the windows at the
+    // boundaries; recompute: nothing); the full pool gets the rest.
+    const int64_t bs = kv.block_size;
+    const int64_t window_blocks = (widest + bs - 1) / bs + 2;
+    const int64_t running_need =
+        int64_t{o.max_running} * window_blocks + (o.max_step_tokens + bs - 1) / bs + window_blocks;
+    const int64_t as_full = kv.num_blocks;  // the full policy: one sliding block per block
+    int64_t cached = 0;
+    if (swa.policy == SwaCachePolicy::kFull) cached = as_full;
+    if (swa.policy == SwaCachePolicy::kCheckpoint) {
+      cached = as_full * std::min<int64_t>(window_blocks * bs, swa.checkpoint) / swa.checkpoint;
+    }
+    kv.num_sliding_blocks = std::min(as_full, running_need + cached);
+    kv.num_blocks = (budget - kv.num_sliding_blocks * sliding_bytes) / full_bytes;
+    const int64_t one_seq = window_blocks + (o.max_step_tokens + bs - 1) / bs + 1;
+    if (kv.num_sliding_blocks < one_seq) {
+      return Status::InvalidArgument("engine: kv_cache_bytes " + std::to_string(budget) +
+                                     " leaves the sliding layers fewer blocks than one sequence "
+                                     "needs (" +
+                                     std::to_string(one_seq) + ")");
+    }
+  }
   if (kv.num_blocks < per_seq) {
     return Status::InvalidArgument("engine: kv_cache_bytes " + std::to_string(budget) +
                                    " holds fewer blocks than one full-context sequence needs (" +
                                    std::to_string(per_seq) + " blocks of " +
-                                   std::to_string(KvCache::BlockBytes(kv)) + " bytes)");
+                                   std::to_string(full_bytes + sliding_bytes) + " bytes)");
   }
   BR_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(kv));
   BR_RETURN_IF_ERROR(e->backend_->AttachKvCache(*e->cache_));
@@ -151,8 +195,17 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
   if (!o.kv_disk_dir.empty()) {
     KvDiskTierOptions dopt;
     dopt.dir = o.kv_disk_dir;
-    dopt.max_bytes = o.kv_disk_bytes;
+    // The cap is shared by layer kind as a block's bytes are (the sliding tier in a subfolder).
+    dopt.max_bytes =
+        split ? o.kv_disk_bytes / (full_bytes + sliding_bytes) * full_bytes : o.kv_disk_bytes;
     BR_ASSIGN_OR_RETURN(e->disk_, KvDiskTier::Open(dopt, kv.block_size, e->cache_->block_floats()));
+    if (split) {
+      dopt.dir = o.kv_disk_dir + "/sliding";
+      dopt.max_bytes = o.kv_disk_bytes - dopt.max_bytes;
+      BR_ASSIGN_OR_RETURN(
+          e->sliding_disk_,
+          KvDiskTier::Open(dopt, kv.block_size, e->cache_->block_floats(KvPool::kSliding)));
+    }
   }
   PrefixCacheOptions popt;
   popt.enabled = o.prefix_cache;
@@ -160,12 +213,20 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
                                      kv.block_size) ^
               BackendSalt(e->info_.fingerprint.backend);
   popt.disk = e->disk_.get();
+  popt.swa = swa;
+  popt.swa_window = widest;
+  popt.sliding_disk = e->sliding_disk_.get();
   e->prefix_ = std::make_unique<PrefixCache>(e->cache_.get(), popt);
   SchedulerOptions so;
   so.max_step_tokens = o.max_step_tokens;
   so.max_running = o.max_running;
   so.max_prefill_chunk = o.max_prefill_chunk;
   so.preempt_every_steps = o.preempt_every_steps;
+  if (split) {
+    so.swa_window = widest;
+    so.swa_layers = n_sliding;
+    so.test_late_rebuild = TestBreakLateRebuildFromEnv();
+  }
   e->scheduler_ = std::make_unique<Scheduler>(so, e->cache_.get(), e->prefix_.get());
   for (int i = 0; i < o.threads; ++i) e->samplers_.push_back(std::make_unique<Sampler>(isa));
   return e;
@@ -278,6 +339,8 @@ Result<StepResult> CpuEngine::Step() {
       r.position = p;
       r.block_table = c.seq->blocks.data();
       r.want_logits = c.seq->WantsLogits(p);
+      r.sliding_table = c.seq->sblocks.empty() ? nullptr : c.seq->sblocks.data();
+      r.write_full_kv = p >= c.seq->n_full_cached;
       n_logits += r.want_logits ? 1 : 0;
       rows_.push_back(r);
     }
@@ -385,11 +448,14 @@ EngineStats CpuEngine::stats() const {
   s.preemptions = ss.preemptions;
   s.cow_copies = ss.cow_copies;
   s.group_shared_tokens = ss.group_shared_tokens;
+  s.swa_rebuilds = ss.swa_rebuilds;
+  s.swa_recomputed_tokens = ss.swa_recomputed_tokens;
   const PrefixCacheStats& ps = prefix_->stats();
   s.kv_blocks_cached = prefix_->size();
   s.prefix_evictions = ps.evictions;
   s.disk_hit_blocks = ps.disk_hit_blocks;
   s.disk_spilled_blocks = ps.spilled;
+  s.sliding_disk_hit_blocks = ps.sliding_disk_hit_blocks;
   if (disk_ != nullptr) s.disk_corrupt_blocks = disk_->stats().corrupt;
   KvMemoryByLayerKind(&s);
   return s;
@@ -407,6 +473,17 @@ void CpuEngine::KvMemoryByLayerKind(EngineStats* s) const {
   const int64_t used_tokens = (s->kv_blocks_total - s->kv_blocks_free) * kKvBlockTokens;
   s->kv_live_bytes_full = used_tokens * s->kv_bytes_per_token_full;
   s->kv_live_bytes_sliding = used_tokens * s->kv_bytes_per_token_sliding;
+  const int64_t cached_tokens = prefix_->size() * kKvBlockTokens;
+  s->prefix_cached_bytes_full = cached_tokens * s->kv_bytes_per_token_full;
+  s->prefix_cached_bytes_sliding = cached_tokens * s->kv_bytes_per_token_sliding;
+  if (cache_->split()) {
+    s->kv_sliding_blocks_total = cache_->num_blocks(KvPool::kSliding);
+    s->kv_sliding_blocks_free = cache_->free_blocks(KvPool::kSliding);
+    s->kv_live_bytes_sliding = (s->kv_sliding_blocks_total - s->kv_sliding_blocks_free) *
+                               kKvBlockTokens * s->kv_bytes_per_token_sliding;
+    s->prefix_cached_bytes_sliding =
+        prefix_->sliding_size() * kKvBlockTokens * s->kv_bytes_per_token_sliding;
+  }
   const int64_t bs = kKvBlockTokens;
   for (int32_t l = 0; l < c.n_layers && n_sliding > 0; ++l) {
     const int32_t w = c.window(l);
@@ -420,36 +497,48 @@ void CpuEngine::KvMemoryByLayerKind(EngineStats* s) const {
 }
 
 Status CpuEngine::CheckBlockAccounting() const {
-  const int64_t n = cache_->num_blocks();
-  std::vector<int32_t> expect(static_cast<size_t>(n), 0);
+  const int32_t bs = cache_->block_size();
   for (const auto& [id, s] : live_) {
-    if (!s->running && !s->blocks.empty()) {
+    if (!s->running && (!s->blocks.empty() || !s->sblocks.empty())) {
       return Status::Internal("sequence " + std::to_string(id) +
                               " is not running but holds blocks");
     }
-    for (int32_t b : s->blocks) {
-      if (b < 0 || b >= n)
-        return Status::Internal("sequence " + std::to_string(id) + ": bad block");
-      ++expect[b];
-    }
-    const int32_t bs = cache_->block_size();
     if (static_cast<int64_t>(s->blocks.size()) * bs < s->n_cached) {
       return Status::Internal("sequence " + std::to_string(id) + ": table shorter than n_cached");
     }
-  }
-  int64_t free = 0;
-  for (int32_t b = 0; b < n; ++b) {
-    const int32_t want = expect[b] + (prefix_->Holds(b) ? 1 : 0);
-    if (cache_->RefCount(b) != want) {
-      return Status::Internal("block " + std::to_string(b) + ": reference count " +
-                              std::to_string(cache_->RefCount(b)) + ", held " +
-                              std::to_string(want) + " times");
+    if (cache_->split() && s->running && s->sblocks.size() != s->blocks.size()) {
+      return Status::Internal("sequence " + std::to_string(id) +
+                              ": sliding table length differs from the block table");
     }
-    free += want == 0 ? 1 : 0;
   }
-  if (free != cache_->free_blocks()) {
-    return Status::Internal("free list has " + std::to_string(cache_->free_blocks()) + " blocks, " +
-                            std::to_string(free) + " have no reference");
+  for (const KvPool pool : {KvPool::kFull, KvPool::kSliding}) {
+    if (pool == KvPool::kSliding && !cache_->split()) break;
+    const char* what = pool == KvPool::kFull ? "block " : "sliding block ";
+    const int64_t n = cache_->num_blocks(pool);
+    std::vector<int32_t> expect(static_cast<size_t>(n), 0);
+    for (const auto& [id, s] : live_) {
+      for (int32_t b : pool == KvPool::kFull ? s->blocks : s->sblocks) {
+        if (pool == KvPool::kSliding && b == -1) continue;
+        if (b < 0 || b >= n)
+          return Status::Internal("sequence " + std::to_string(id) + ": bad " + what);
+        ++expect[b];
+      }
+    }
+    int64_t free = 0;
+    for (int32_t b = 0; b < n; ++b) {
+      const int32_t want = expect[b] + (prefix_->Holds(b, pool) ? 1 : 0);
+      if (cache_->RefCount(b, pool) != want) {
+        return Status::Internal(what + std::to_string(b) + ": reference count " +
+                                std::to_string(cache_->RefCount(b, pool)) + ", held " +
+                                std::to_string(want) + " times");
+      }
+      free += want == 0 ? 1 : 0;
+    }
+    if (free != cache_->free_blocks(pool)) {
+      return Status::Internal(std::string("free list has ") +
+                              std::to_string(cache_->free_blocks(pool)) + " " + what + "s, " +
+                              std::to_string(free) + " have no reference");
+    }
   }
   return Status::Ok();
 }

@@ -101,8 +101,9 @@ class CpuEngine final : public Engine {
   void KvMemoryByLayerKind(EngineStats* s) const;
   std::unique_ptr<ForwardBackend> backend_;  // declared before cache_: outlives its store pointer
   std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<KvDiskTier> disk_;     // may be null
-  std::unique_ptr<PrefixCache> prefix_;  // declared after cache_: destroyed first
+  std::unique_ptr<KvDiskTier> disk_;          // may be null
+  std::unique_ptr<KvDiskTier> sliding_disk_;  // the sliding pool's blocks; null without disk_
+  std::unique_ptr<PrefixCache> prefix_;       // declared after cache_: destroyed first
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<std::unique_ptr<Sampler>> samplers_;  // one per pool worker
   kernels::DType weight_storage_ = kernels::DType::kF32;

@@ -120,15 +120,28 @@ struct EngineStats {
   int64_t disk_corrupt_blocks = 0;  // disk blocks that failed verification (treated as misses)
   // KV memory per layer kind (full-attention layers / sliding-window layers; the sliding figures
   // are 0 for a model without sliding layers). bytes_per_token: K and V of one token summed over
-  // the layers of that kind. live: bytes those layers hold in the blocks now in use (every block
-  // holds every layer: out-of-window blocks are not freed yet). window: bytes the sliding layers
-  // of the running sequences need (the blocks overlapping each sequence's last W positions), i.e.
-  // what they would hold if out-of-window blocks were freed.
+  // the layers of that kind. live: bytes those layers hold in the blocks now in use (sequences and
+  // prefix cache); on a hybrid model the sliding layers have their own pool and hold only the
+  // blocks some window still reads, plus what the SWA policy caches. window: bytes the sliding
+  // layers of the running sequences need (the blocks overlapping each sequence's last W
+  // positions).
   int64_t kv_bytes_per_token_full = 0;
   int64_t kv_bytes_per_token_sliding = 0;
   int64_t kv_live_bytes_full = 0;
   int64_t kv_live_bytes_sliding = 0;
   int64_t kv_window_bytes_sliding = 0;
+  // The sliding pool of a hybrid model (0 without one): blocks, free blocks.
+  int64_t kv_sliding_blocks_total = 0;
+  int64_t kv_sliding_blocks_free = 0;
+  // Prefix cache by layer kind (memory tier): bytes its entries keep; per cached token, divide by
+  // kv_blocks_cached x kv_block_tokens.
+  int64_t prefix_cached_bytes_full = 0;
+  int64_t prefix_cached_bytes_sliding = 0;
+  // SWA policies: hits whose sliding state resumed before the hit's end, and the tokens they ran
+  // again (docs/design.md "SWA prefix-cache policies").
+  int64_t swa_rebuilds = 0;
+  int64_t swa_recomputed_tokens = 0;
+  int64_t sliding_disk_hit_blocks = 0;  // sliding blocks loaded back from the disk tier
 };
 
 class Tokenizer;      // engine/tokenizer.h
@@ -164,6 +177,12 @@ struct EngineOptions {
   int64_t kv_disk_bytes = 1ll << 30;  // size cap of the disk tier (LRU files deleted above it)
   int32_t max_prefill_chunk = 256;    // prefill rows per sequence before others get a turn
   int32_t preempt_every_steps = 0;    // test hook: preempt one running sequence every k steps
+  // Sliding-window (SWA) layers' prefix-cache policy (docs/design.md "SWA prefix-cache
+  // policies"): "full" (a cached prefix keeps its sliding blocks), "checkpoint:P" (only the window
+  // at every P-token boundary, P a multiple of the 16-token KV block; a hit recomputes the gap) or
+  // "recompute" (none; a hit rebuilds the sliding state). Never changes a bit; ignored by models
+  // without sliding layers. kInvalidArgument for other values.
+  std::string swa_cache = "full";
 };
 
 class Engine {

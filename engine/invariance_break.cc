@@ -33,12 +33,13 @@ Result<MatmulFn> TestBreakMatmulFromEnv() {
   const char* v = std::getenv(kTestBreakInvarianceEnv);
   if (v == nullptr || *v == '\0') return MatmulFn{nullptr};
   if (std::string(v) == "matmul") return &BatchVariantMatmul;
-  if (std::string(v) == "expert_matmul" || std::string(v) == "window_chunk") {
+  if (std::string(v) == "expert_matmul" || std::string(v) == "window_chunk" ||
+      std::string(v) == "late_rebuild") {
     return MatmulFn{nullptr};
   }
   return Status::InvalidArgument(std::string(kTestBreakInvarianceEnv) + "='" + v +
-                                 "': the test switches are 'matmul', 'expert_matmul' and "
-                                 "'window_chunk' (unset it to serve)");
+                                 "': the test switches are 'matmul', 'expert_matmul', "
+                                 "'window_chunk' and 'late_rebuild' (unset it to serve)");
 }
 
 MatmulFn TestBreakExpertMatmulFromEnv() {
@@ -49,6 +50,11 @@ MatmulFn TestBreakExpertMatmulFromEnv() {
 bool TestBreakWindowChunkFromEnv() {
   const char* v = std::getenv(kTestBreakInvarianceEnv);
   return v != nullptr && std::string(v) == "window_chunk";
+}
+
+bool TestBreakLateRebuildFromEnv() {
+  const char* v = std::getenv(kTestBreakInvarianceEnv);
+  return v != nullptr && std::string(v) == "late_rebuild";
 }
 
 }  // namespace bitroll::engine

@@ -15,7 +15,9 @@
 // expert: the expert matmul's reduction then depends on its token count.
 // BITROLL_TEST_BREAK_INVARIANCE=window_chunk anchors the sliding window's lower edge at the start
 // of each sequence's rows in the forward call (TransformerOptions::test_break_window_chunk): a
-// window mask that depends on the prefill chunk, on sliding-window models. Never set it in
+// window mask that depends on the prefill chunk, on sliding-window models.
+// BITROLL_TEST_BREAK_INVARIANCE=late_rebuild makes a sliding-state rebuild after a prefix hit
+// start one token after its exact bound (SchedulerOptions::test_late_rebuild). Never set it in
 // production. Engines on another device backend ignore it.
 //
 // Thread-safety: BatchVariantMatmul is as thread-safe as kernels::Matmul; TestBreakMatmulFromEnv
@@ -49,5 +51,8 @@ MatmulFn TestBreakExpertMatmulFromEnv();
 
 // True when BITROLL_TEST_BREAK_INVARIANCE is "window_chunk".
 bool TestBreakWindowChunkFromEnv();
+
+// True when BITROLL_TEST_BREAK_INVARIANCE is "late_rebuild".
+bool TestBreakLateRebuildFromEnv();
 
 }  // namespace bitroll::engine

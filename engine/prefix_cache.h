@@ -16,12 +16,26 @@
 // the KV pool runs out, optionally spilling its bits to a KvDiskTier. Cached blocks are immutable:
 // whoever shares one and must write into it copies it first (copy-on-write, see scheduler.h).
 //
+// Sliding-window layers (a KvCache with a sliding pool, KvCache::split()): an entry names the
+// full-pool block of its chain link and, as the SWA policy decides, the sliding-pool block of the
+// same positions (docs/design.md "SWA prefix-cache policies"):
+//   kFull        every entry keeps its sliding block;
+//   kCheckpoint  only the blocks a window ending at a multiple of P reads (a query at position
+//                c = m * P, m >= 1, reads keys c - W + 1 .. c - 1 of the past, W the widest
+//                window);
+//   kRecompute   none.
+// The sliding part of an entry may be evicted alone (the sliding pool ran out) and spills to its
+// own disk tier (`sliding_disk`, keyed by the same chain hash). Match() hands back the sliding
+// blocks it has beside the full ones, -1 where it has none; the scheduler decides where the
+// sliding state resumes.
+//
 // Thread-safety: not thread-safe; owned by one engine, beside its KvCache.
 #pragma once
 
 #include <cstdint>
 #include <list>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -31,18 +45,37 @@
 
 namespace bitroll::engine {
 
+// The SWA prefix-cache policy (EngineOptions::swa_cache).
+enum class SwaCachePolicy { kFull, kCheckpoint, kRecompute };
+struct SwaCache {
+  SwaCachePolicy policy = SwaCachePolicy::kFull;
+  int32_t checkpoint = 0;  // kCheckpoint: P tokens, a positive multiple of the block size
+};
+// Parses "full" | "checkpoint:P" | "recompute". kInvalidArgument otherwise, or when P is not a
+// positive multiple of `block_size`.
+Result<SwaCache> ParseSwaCache(const std::string& text, int32_t block_size);
+
 struct PrefixCacheOptions {
   bool enabled = true;         // false: Match() never hits and Insert() keeps nothing
   uint64_t seed = 0;           // h_0; fold the numerics fingerprint in (see ChainSeed)
   KvDiskTier* disk = nullptr;  // not owned; nullptr = no disk tier
+  // With a split KvCache: the policy, the widest sliding window, and the sliding blocks' disk tier
+  // (not owned; nullptr = none; payload KvCache::block_floats(KvPool::kSliding)).
+  SwaCache swa;
+  int32_t swa_window = 0;
+  KvDiskTier* sliding_disk = nullptr;
 };
 
 struct PrefixCacheStats {
-  int64_t hit_blocks = 0;       // blocks returned by Match() (memory or disk)
-  int64_t disk_hit_blocks = 0;  // of those, loaded from the disk tier
-  int64_t inserted = 0;         // blocks named by Insert()
-  int64_t evictions = 0;        // unreferenced blocks freed to make room
-  int64_t spilled = 0;          // evicted blocks written to the disk tier
+  int64_t hit_blocks = 0;               // blocks returned by Match() (memory or disk)
+  int64_t disk_hit_blocks = 0;          // of those, loaded from the disk tier
+  int64_t inserted = 0;                 // blocks named by Insert()
+  int64_t evictions = 0;                // unreferenced blocks freed to make room
+  int64_t spilled = 0;                  // evicted blocks written to the disk tier
+  int64_t sliding_hit_blocks = 0;       // sliding blocks returned beside hit blocks
+  int64_t sliding_disk_hit_blocks = 0;  // of those, loaded from the sliding disk tier
+  int64_t sliding_evictions = 0;        // sliding parts freed to make room
+  int64_t sliding_spilled = 0;          // of those, written to the sliding disk tier
 };
 
 class PrefixCache {
@@ -62,17 +95,26 @@ class PrefixCache {
   // returned ids are the blocks for positions [0, n * block_size). Each returned block carries one
   // new reference owned by the caller. Blocks found only on disk are loaded into fresh blocks
   // (evicting others if needed) and named in memory again.
-  std::vector<int32_t> Match(std::span<const int32_t> tokens, int32_t max_tokens);
+  // With a split cache and `sliding` set: (*sliding)[k] is the sliding block of the same positions
+  // (one new reference for the caller) or -1.
+  std::vector<int32_t> Match(std::span<const int32_t> tokens, int32_t max_tokens,
+                             std::vector<int32_t>* sliding = nullptr);
 
   // Names `block`, which holds the computed K/V of `block_tokens` whose chain hash is `hash`.
   // The cache takes one reference. No-op when disabled, when `hash` is already named (the caller
-  // keeps its private copy) or when `block` is already named.
-  void Insert(uint64_t hash, std::span<const int32_t> block_tokens, int32_t block);
+  // keeps its private copy) or when `block` is already named. With a split cache, `index` is the
+  // block's place in the chain and `sliding` the sliding block of the same positions (-1: none;
+  // it must hold exact K/V): kept when the policy keeps that index, also for an entry that exists
+  // without one.
+  void Insert(uint64_t hash, std::span<const int32_t> block_tokens, int32_t block,
+              int32_t index = 0, int32_t sliding = -1);
+  // True when the policy keeps the sliding block of chain index `index`.
+  bool KeepsSliding(int32_t index) const;
 
-  // A block for the caller (reference count 1): a free one, else the least recently used
-  // unreferenced cached block is evicted (spilled to disk when there is a tier) and reused.
-  // kResourceExhausted when every block is referenced.
-  Result<int32_t> Allocate();
+  // A block of `pool` for the caller (reference count 1): a free one, else the least recently
+  // used unreferenced cached block (or sliding part) is evicted (spilled to disk when there is a
+  // tier) and reused. kResourceExhausted when every block is referenced.
+  Result<int32_t> Allocate(KvPool pool = KvPool::kFull);
 
   // Drops every entry (weights changed). Blocks still in use by sequences stay theirs.
   void Clear();
@@ -84,8 +126,10 @@ class PrefixCache {
   }
   uint64_t seed() const { return opt_.seed; }
   bool enabled() const { return opt_.enabled; }
-  // True when the cache holds a reference on `block`.
-  bool Holds(int32_t block) const;
+  // True when the cache holds a reference on `block` of `pool`.
+  bool Holds(int32_t block, KvPool pool = KvPool::kFull) const;
+  // Sliding blocks the cache holds.
+  int64_t sliding_size() const { return static_cast<int64_t>(by_sblock_.size()); }
   int64_t size() const { return static_cast<int64_t>(entries_.size()); }
   // Cached blocks nobody else references (what Allocate() may reclaim).
   int64_t Evictable() const;
@@ -94,17 +138,23 @@ class PrefixCache {
  private:
   struct Entry {
     int32_t block = -1;
+    int32_t sblock = -1;  // sliding pool; -1 = not kept
+    int32_t index = 0;    // place in the chain
     std::vector<int32_t> tokens;
     std::list<uint64_t>::iterator lru;  // position in lru_
   };
   bool EvictOne();
+  bool EvictSliding();
+  // Spills the entry's sliding part (when there is a sliding tier) and drops it.
+  void DropSliding(uint64_t hash, Entry& e, bool spill);
 
   KvCache* kv_;
   PrefixCacheOptions opt_;
-  std::unordered_map<uint64_t, Entry> entries_;     // chain hash -> entry
-  std::unordered_map<int32_t, uint64_t> by_block_;  // block id -> chain hash
-  std::list<uint64_t> lru_;                         // front = least recently used
-  std::vector<float> spill_;                        // one block's payload (disk tier I/O)
+  std::unordered_map<uint64_t, Entry> entries_;      // chain hash -> entry
+  std::unordered_map<int32_t, uint64_t> by_block_;   // block id -> chain hash
+  std::unordered_map<int32_t, uint64_t> by_sblock_;  // sliding block id -> chain hash
+  std::list<uint64_t> lru_;                          // front = least recently used
+  std::vector<float> spill_;                         // one block's payload (disk tier I/O)
   PrefixCacheStats stats_;
 };
 

@@ -9,7 +9,13 @@ namespace bitroll::engine {
 
 void Scheduler::ReleaseBlocks(Sequence* seq, KvCache* cache) {
   for (int32_t b : seq->blocks) cache->Release(b);
+  for (int32_t b : seq->sblocks) {
+    if (b >= 0) cache->Release(b, KvPool::kSliding);
+  }
   seq->blocks.clear();
+  seq->sblocks.clear();
+  seq->n_full_cached = 0;
+  seq->swa_exact_from = 0;
   seq->n_cached = 0;
   seq->n_committed = 0;
   seq->running = false;
@@ -46,11 +52,21 @@ std::vector<Sequence*> Scheduler::Rank(const std::vector<Sequence*>& live) const
   return order;
 }
 
+int32_t Scheduler::WindowFirstBlock(int32_t position) const {
+  // The kernel reads every block holding a key >= position - W + 1 (whole chunks, and blocks are
+  // whole chunks): block k is read when (k + 1) * bs >= position - W + 2.
+  const int32_t bs = kv_->block_size();
+  const int32_t edge = position - opt_.swa_window + 2;
+  return edge <= 0 ? 0 : (edge + bs - 1) / bs - 1;
+}
+
 bool Scheduler::Reserve(Sequence* seq, int32_t begin, int32_t end) {
   const int32_t bs = kv_->block_size();
-  // Copy-on-write: blocks this chunk writes must be private.
+  // Copy-on-write: blocks this chunk writes must be private. Rows below n_full_cached rebuild
+  // sliding state only: they leave the full layers' blocks alone.
   const int32_t held = static_cast<int32_t>(seq->blocks.size());
-  for (int32_t k = begin / bs; k < held && k * bs < end; ++k) {
+  const int32_t wbegin = std::max(begin, seq->n_full_cached);
+  for (int32_t k = wbegin / bs; wbegin < end && k < held && k * bs < end; ++k) {
     const int32_t old = seq->blocks[k];
     if (kv_->RefCount(old) == 1) continue;
     Result<int32_t> fresh = prefix_->Allocate();
@@ -69,6 +85,40 @@ bool Scheduler::Reserve(Sequence* seq, int32_t begin, int32_t end) {
       return false;
     }
     got.push_back(*b);
+  }
+  if (kv_->split()) {
+    // Every sliding block the rows read must be held (a rebuild's window before its start gets
+    // scratch blocks: what they hold only reaches rows that are never used); written ones private.
+    const size_t old_size = seq->sblocks.size();
+    seq->sblocks.resize(std::max(old_size, static_cast<size_t>(need)), -1);
+    std::vector<int32_t> fresh;  // indices filled here (undone on failure)
+    bool ok = true;
+    for (int32_t k = WindowFirstBlock(begin); k < need && ok; ++k) {
+      const int32_t cur = seq->sblocks[k];
+      if (cur >= 0 && (k < begin / bs || kv_->RefCount(cur, KvPool::kSliding) == 1)) continue;
+      Result<int32_t> b = prefix_->Allocate(KvPool::kSliding);
+      if (!b.ok()) {
+        ok = false;
+        break;
+      }
+      if (cur >= 0) {  // shared and written: copy-on-write (a valid private block: kept)
+        kv_->CopyBlock(cur, *b, KvPool::kSliding);
+        kv_->Release(cur, KvPool::kSliding);
+        ++stats_.cow_copies;
+      } else {
+        fresh.push_back(k);
+      }
+      seq->sblocks[k] = *b;
+    }
+    if (!ok) {
+      for (int32_t k : fresh) {
+        kv_->Release(seq->sblocks[k], KvPool::kSliding);
+        seq->sblocks[k] = -1;
+      }
+      seq->sblocks.resize(std::max(old_size, seq->blocks.size()));
+      for (int32_t x : got) kv_->Release(x);
+      return false;
+    }
   }
   seq->blocks.insert(seq->blocks.end(), got.begin(), got.end());
   return true;
@@ -106,11 +156,16 @@ void Scheduler::Attach(Sequence* s, const std::vector<Sequence*>& order) {
   // A sequence recording its routes reuses only positions it has routed itself (routing.h).
   if (s->req.return_routing) cap = std::min(cap, s->n_routed);
   const size_t max_blocks = static_cast<size_t>(cap / bs + 1);
+  const bool split = kv_->split();
+  std::vector<int32_t> sliding;
   std::vector<int32_t> blocks =
-      prefix_->Match(s->tokens, std::min<int32_t>(n_tokens, static_cast<int32_t>(max_blocks) * bs));
+      prefix_->Match(s->tokens, std::min<int32_t>(n_tokens, static_cast<int32_t>(max_blocks) * bs),
+                     split ? &sliding : nullptr);
   while (blocks.size() > max_blocks) {
     kv_->Release(blocks.back());
     blocks.pop_back();
+    if (split && sliding.back() >= 0) kv_->Release(sliding.back(), KvPool::kSliding);
+    if (split) sliding.pop_back();
   }
   int32_t avail = static_cast<int32_t>(blocks.size()) * bs;  // positions with K/V
   const Sequence* best = nullptr;
@@ -130,14 +185,75 @@ void Scheduler::Attach(Sequence* s, const std::vector<Sequence*>& order) {
   }
   if (best != nullptr) {
     for (int32_t b : blocks) kv_->Release(b);
+    for (int32_t b : sliding) {
+      if (b >= 0) kv_->Release(b, KvPool::kSliding);
+    }
     const size_t n = std::min(static_cast<size_t>((best_len + bs - 1) / bs), max_blocks);
     blocks.assign(best->blocks.begin(), best->blocks.begin() + n);
     for (int32_t b : blocks) kv_->Retain(b);
+    sliding.assign(n, -1);
+    for (size_t k = 0; split && k < n && k < best->sblocks.size(); ++k) {
+      // Only the sibling's exact sliding blocks (not a rebuild's inexact stretch).
+      if (best->sblocks[k] < 0 || static_cast<int32_t>(k) * bs < best->swa_exact_from) continue;
+      sliding[k] = best->sblocks[k];
+      kv_->Retain(sliding[k], KvPool::kSliding);
+    }
     avail = best_len;
     stats_.group_shared_tokens += std::min(best_len, cap);
   }
   s->blocks = std::move(blocks);
-  s->n_cached = std::min(avail, cap);
+  if (!split) {
+    s->n_cached = std::min(avail, cap);
+    return;
+  }
+  s->sblocks = std::move(sliding);
+  s->sblocks.resize(s->blocks.size(), -1);
+  ResumeSliding(s, std::min(avail, cap));
+}
+
+void Scheduler::ResumeSliding(Sequence* s, int32_t n) {
+  const int32_t bs = kv_->block_size();
+  const int32_t w = opt_.swa_window;
+  // True when every sliding block a row at p reads before p is held.
+  auto window_held = [&](int32_t p) {
+    for (int32_t k = WindowFirstBlock(p); k * bs < p; ++k) {
+      if (k >= static_cast<int32_t>(s->sblocks.size()) || s->sblocks[k] < 0) return false;
+    }
+    return true;
+  };
+  int32_t r = 0;
+  if (window_held(n)) {
+    r = n;
+  } else {
+    for (int32_t p = n / bs * bs; p > 0; p -= bs) {
+      if (window_held(p)) {
+        r = p;
+        break;
+      }
+    }
+  }
+  int32_t rebuild = std::max(0, n - opt_.swa_layers * (w - 1));
+  if (opt_.test_late_rebuild && rebuild > 0) {
+    rebuild += 1;  // the broken variant: one token past the exact bound
+  } else {
+    rebuild = rebuild / bs * bs;
+  }
+  const int32_t start = std::max(r, rebuild);
+  s->swa_exact_from = rebuild > r ? start + opt_.swa_layers * (w - 1) : 0;
+  // Keep the sliding blocks the rows from `start` read before it; the rest is released (blocks
+  // wholly at or after `start` are written again into fresh blocks).
+  const int32_t first = WindowFirstBlock(start);
+  for (int32_t k = 0; k < static_cast<int32_t>(s->sblocks.size()); ++k) {
+    if (s->sblocks[k] < 0 || (k >= first && k * bs < start)) continue;
+    kv_->Release(s->sblocks[k], KvPool::kSliding);
+    s->sblocks[k] = -1;
+  }
+  s->n_cached = start;
+  s->n_full_cached = n;
+  if (n > start) {
+    ++stats_.swa_rebuilds;
+    stats_.swa_recomputed_tokens += n - start;
+  }
 }
 
 std::vector<ScheduledChunk> Scheduler::Plan(const std::vector<Sequence*>& live) {
@@ -244,19 +360,37 @@ std::vector<ScheduledChunk> Scheduler::Plan(const std::vector<Sequence*>& live) 
 }
 
 void Scheduler::Commit(Sequence* s) {
-  if (!prefix_->enabled() || !s->running) return;
+  if (!s->running) return;
+  s->n_full_cached = std::max(s->n_full_cached, s->n_cached);
   const int32_t bs = kv_->block_size();
-  const int32_t full = std::min<int32_t>(s->n_cached / bs, static_cast<int32_t>(s->blocks.size()));
-  const std::span<const int32_t> tokens(s->tokens);
-  while (s->n_committed < full) {
-    const int32_t k = s->n_committed;
-    const std::span<const int32_t> bt = tokens.subspan(static_cast<size_t>(k) * bs, bs);
-    if (static_cast<int32_t>(s->block_hashes.size()) <= k) {
-      const uint64_t parent = k == 0 ? prefix_->seed() : s->block_hashes[k - 1];
-      s->block_hashes.push_back(PrefixCache::ChainHash(parent, bt));
+  const bool split = kv_->split();
+  if (prefix_->enabled()) {
+    const int32_t full =
+        std::min<int32_t>(s->n_cached / bs, static_cast<int32_t>(s->blocks.size()));
+    const std::span<const int32_t> tokens(s->tokens);
+    while (s->n_committed < full) {
+      const int32_t k = s->n_committed;
+      const std::span<const int32_t> bt = tokens.subspan(static_cast<size_t>(k) * bs, bs);
+      if (static_cast<int32_t>(s->block_hashes.size()) <= k) {
+        const uint64_t parent = k == 0 ? prefix_->seed() : s->block_hashes[k - 1];
+        s->block_hashes.push_back(PrefixCache::ChainHash(parent, bt));
+      }
+      const int32_t sliding =
+          split && k * bs >= s->swa_exact_from && k < static_cast<int32_t>(s->sblocks.size())
+              ? s->sblocks[k]
+              : -1;
+      prefix_->Insert(s->block_hashes[k], bt, s->blocks[k], k, sliding);
+      ++s->n_committed;
     }
-    prefix_->Insert(s->block_hashes[k], bt, s->blocks[k]);
-    ++s->n_committed;
+  }
+  if (!split) return;
+  // Sliding blocks no row from n_cached on reads go back to the pool (the prefix cache keeps its
+  // own reference on the ones its policy stores).
+  const int32_t first = WindowFirstBlock(s->n_cached);
+  for (int32_t k = 0; k < first && k < static_cast<int32_t>(s->sblocks.size()); ++k) {
+    if (s->sblocks[k] < 0) continue;
+    kv_->Release(s->sblocks[k], KvPool::kSliding);
+    s->sblocks[k] = -1;
   }
 }
 

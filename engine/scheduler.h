@@ -36,6 +36,20 @@
 // same prefix lookup, so its full blocks usually hit the cache and only the tail is recomputed.
 // Recompute reproduces the same K/V bits, so the continuation is unchanged.
 //
+// Sliding-window layers (a KvCache with a sliding pool): a sequence also holds a sliding block
+// table (Sequence::sblocks). Reserve() makes valid every sliding block the chunk's rows read (their
+// windows) and private every one they write; after each step Commit() releases the sliding blocks
+// that no window of a later row reads (block k once (k + 1) * block_size <= n_cached - W + 1, W
+// the widest window), so a long sequence holds about W tokens of sliding K/V. A hit of n tokens
+// (prefix cache or sibling) resumes the sliding state at the larger of
+//   r: the largest block boundary (or n) <= n whose window's sliding blocks are all held, and
+//   s: max(0, n - L * (W - 1)) rounded down to a block (L sliding layers), started without the
+//      window before it: the sliding K/V of the l-th sliding layer is exact from s + (l - 1) *
+//      (W - 1) on, so every window that a row at n or later reads is exact;
+// rows [start, n) then run with the full layers reading the cached blocks, not writing them
+// (ForwardRow::write_full_kv), and count in SchedulerStats::swa_recomputed_tokens. Sliding blocks
+// of a rebuild's inexact stretch are never offered to the prefix cache (Sequence::swa_exact_from).
+//
 // Scheduling never changes a bit of any sequence: it only chooses which rows run when, and where
 // their K/V lives.
 //
@@ -59,6 +73,11 @@ struct SchedulerOptions {
                                     // prefill (round two hands out the rest of the budget anyway)
   int32_t preempt_every_steps = 0;  // test hook: > 0 preempts one running sequence every that
                                     // many steps (exercises recompute); 0 in production
+  int32_t swa_window = 0;           // a split cache: the widest sliding window
+  int32_t swa_layers = 0;           // a split cache: the number of sliding layers
+  // Test hook (BITROLL_TEST_BREAK_INVARIANCE=late_rebuild): a rebuild starts one token after
+  // n - L * (W - 1) instead of at or before it. false in production.
+  bool test_late_rebuild = false;
 };
 
 struct ScheduledChunk {
@@ -73,6 +92,8 @@ struct SchedulerStats {
   int64_t cow_copies = 0;             // shared blocks copied before a write
   int64_t prefill_tokens_cached = 0;  // positions admitted with K/V already present
   int64_t group_shared_tokens = 0;    // of those, taken from a running sibling's blocks
+  int64_t swa_rebuilds = 0;           // hits that resumed the sliding state before the hit's end
+  int64_t swa_recomputed_tokens = 0;  // rows those hits ran again for the sliding layers
 };
 
 class Scheduler {
@@ -85,11 +106,13 @@ class Scheduler {
   // and may preempt running sequences. Returns chunks in planning order.
   std::vector<ScheduledChunk> Plan(const std::vector<Sequence*>& live);
 
-  // After a step ran: offers the sequence's newly full blocks to the prefix cache.
+  // After a step ran: offers the sequence's newly full blocks to the prefix cache and releases
+  // the sliding blocks no later window reads.
   // REQUIRES: seq->n_cached was advanced past the rows that ran.
   void Commit(Sequence* seq);
 
-  // Releases every block of `seq` and marks it not running (preemption, finish, abort).
+  // Releases every block of `seq` (both pools) and marks it not running (preemption, finish,
+  // abort).
   static void ReleaseBlocks(Sequence* seq, KvCache* cache);
 
   const SchedulerStats& stats() const { return stats_; }
@@ -107,6 +130,11 @@ class Scheduler {
   // True while a running member of seq's group is still prefilling the same prompt.
   bool WaitForSibling(const Sequence* seq, const std::vector<Sequence*>& order) const;
   void Preempt(Sequence* seq);
+  // A split cache: chooses where the sliding state of a sequence given n cached positions resumes
+  // (see the header comment) and sets n_cached, n_full_cached and its sliding table.
+  void ResumeSliding(Sequence* seq, int32_t n);
+  // The first block a row at `position` reads in a sliding layer.
+  int32_t WindowFirstBlock(int32_t position) const;
 
   SchedulerOptions opt_;
   KvCache* kv_;

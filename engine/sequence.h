@@ -16,9 +16,18 @@ struct Sequence {
   int32_t n_known = 0;          // prompt + forced: tokens not sampled by this engine
   std::vector<int32_t> blocks;  // KV block table, position order
   int32_t n_cached = 0;         // positions [0, n_cached) have K/V in the cache
-  int32_t high_water = 0;       // the largest n_cached ever reached (recompute detection)
-  uint64_t arrival = 0;         // admission order, for fairness among equal priorities
-  bool running = false;         // holds KV blocks
+  // A split KV cache (sliding pool, kv_cache.h): the sliding block table, as long as `blocks`;
+  // -1 for blocks no sliding window of a future row reads (released) or not held.
+  std::vector<int32_t> sblocks;
+  // Positions [0, n_full_cached) have full-layer K/V (>= n_cached): rows below it rebuild
+  // sliding state and leave the full layers' blocks unwritten (scheduler.h).
+  int32_t n_full_cached = 0;
+  // Sliding blocks wholly at or after this position hold exact K/V (a rebuild that started
+  // without the window before it makes the first positions inexact, never read by a real row).
+  int32_t swa_exact_from = 0;
+  int32_t high_water = 0;  // the largest n_cached ever reached (recompute detection)
+  uint64_t arrival = 0;    // admission order, for fairness among equal priorities
+  bool running = false;    // holds KV blocks
   // Prefix cache: chain hashes of full blocks (a pure function of tokens, kept across
   // preemption) and how many of this sequence's full blocks were offered to the cache since it
   // last got its blocks.

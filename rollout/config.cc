@@ -63,6 +63,7 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
                                 "prefix_cache",
                                 "kv_disk_dir",
                                 "kv_disk_bytes",
+                                "swa_cache",
                                 "max_queued",
                                 "replica_timeout_ms",
                                 "stream_timeout_ms",
@@ -97,6 +98,7 @@ Status ParseConfigJson(const std::string& text, ServeConfig* c) {
   BR_RETURN_IF_ERROR(Get(j, "prefix_cache", &c->engine_options.prefix_cache));
   BR_RETURN_IF_ERROR(Get(j, "kv_disk_dir", &c->engine_options.kv_disk_dir));
   BR_RETURN_IF_ERROR(Get(j, "kv_disk_bytes", &c->engine_options.kv_disk_bytes));
+  BR_RETURN_IF_ERROR(Get(j, "swa_cache", &c->engine_options.swa_cache));
   BR_RETURN_IF_ERROR(Get(j, "max_queued", &co.max_queued));
   BR_RETURN_IF_ERROR(Get(j, "replica_timeout_ms", &co.replica_timeout_ms));
   BR_RETURN_IF_ERROR(Get(j, "stream_timeout_ms", &co.stream_timeout_ms));

@@ -50,6 +50,11 @@ void AddEngineTuningFlags(CliParser* p, engine::EngineOptions* eo) {
             "spill evicted prefix blocks to files in this folder (none by default)", "DIR");
   p->Integer("--kv-disk-bytes", &eo->kv_disk_bytes,
              "size cap of the --kv-disk-dir tier (default 1 GiB)");
+  p->String("--swa-cache", &eo->swa_cache,
+            "prefix-cache policy of sliding-window layers (default full): keep every sliding "
+            "block, only the windows at every P tokens (P a multiple of 16), or none (a hit "
+            "rebuilds them); never changes a bit",
+            "full|checkpoint:P|recompute");
 }
 
 void AddEngineFlags(CliParser* p, EngineFlags* f) {
@@ -78,6 +83,9 @@ Status CheckEngineOptionFlags(const engine::EngineOptions& eo) {
         "--max-step-tokens, --max-running and --max-prefill-chunk must be >= 1");
   }
   if (eo.kv_disk_bytes < 0) return Status::InvalidArgument("--kv-disk-bytes must be >= 0");
+  if (Result<engine::SwaCache> swa = engine::ParseSwaCache(eo.swa_cache, 16); !swa.ok()) {
+    return Status::InvalidArgument("--swa-cache: " + swa.status().message());
+  }
   return Status::Ok();
 }
 

@@ -31,11 +31,13 @@ struct EngineFlags {
 // The engine settings every command that runs a model takes (generate, audit, serve, replica),
 // bound to *eo: --isa, --attention, --max-step-tokens, --max-running, --max-prefill-chunk,
 // --kv-cache-mb (sets eo->kv_cache_bytes; [0, 2^40]), --kv-dtype, --prefix-cache on|off,
-// --kv-disk-dir, --kv-disk-bytes. Only --kv-dtype changes bits (its own fingerprint).
+// --kv-disk-dir, --kv-disk-bytes, --swa-cache full|checkpoint:P|recompute. Only --kv-dtype
+// changes bits (its own fingerprint).
 void AddEngineTuningFlags(CliParser* p, engine::EngineOptions* eo);
 
 // The checks of those values: --kv-dtype f32|bf16 (bf16 with --device cpu only), the scheduler
-// limits >= 1, --kv-disk-bytes >= 0. Errors: kInvalidArgument.
+// limits >= 1, --kv-disk-bytes >= 0, --swa-cache (engine::ParseSwaCache). Errors:
+// kInvalidArgument.
 Status CheckEngineOptionFlags(const engine::EngineOptions& eo);
 
 // Registers the group "Engine (none of these changes a bit, except --device, --weights and

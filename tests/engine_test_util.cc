@@ -95,6 +95,7 @@ std::unique_ptr<engine::CpuEngine> MakeEngine(const EngineSetup& s,
   parts.options.max_prefill_chunk = s.max_prefill_chunk;
   parts.options.kv_disk_dir = s.disk_dir;
   parts.options.preempt_every_steps = s.preempt_every_steps;
+  parts.options.swa_cache = s.swa_cache;
   parts.matmul_override = s.matmul_override;
   parts.options.kv_dtype = s.kv_dtype;
   Result<std::unique_ptr<engine::CpuEngine>> e = engine::CpuEngine::Create(std::move(parts));

@@ -33,7 +33,8 @@ struct EngineSetup {
   int32_t max_prefill_chunk = 256;
   std::string disk_dir;  // the KV disk tier's folder; empty = none
   int32_t preempt_every_steps = 0;
-  std::string kv_dtype = "f32";  // EngineOptions::kv_dtype
+  std::string kv_dtype = "f32";    // EngineOptions::kv_dtype
+  std::string swa_cache = "full";  // EngineOptions::swa_cache
   void (*matmul_override)(kernels::Isa, const kernels::MatmulParams&,
                           kernels::ThreadPool*) = nullptr;
 };

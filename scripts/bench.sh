@@ -4,8 +4,8 @@
 # ratios are taken within one run.
 #
 #   scripts/bench.sh [kernels|engine|serving|wal|wal_service|sandbox|coordinator|service|
-#                     weights_update ...]
-#   (default: all but service and wal_service, which take minutes)
+#                     weights_update|swa_cache ...]
+#   (default: all but service, wal_service and swa_cache, which take minutes)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BITROLL_BUILD_DIR:-$root/build}"
@@ -30,6 +30,7 @@ for b in "${want[@]}"; do
     serving) "$exe" --models-dir "$models" --work "$work" ;;
     service | wal_service) "$exe" --models "$models" --work "$work" ;;
     weights_update) "$exe" --work "$work/weights" ;;
+    swa_cache) "$exe" --work "$work" ;;
     *) "$exe" ;;
   esac
 done

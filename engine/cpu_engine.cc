@@ -456,7 +456,14 @@ EngineStats CpuEngine::stats() const {
   s.disk_hit_blocks = ps.disk_hit_blocks;
   s.disk_spilled_blocks = ps.spilled;
   s.sliding_disk_hit_blocks = ps.sliding_disk_hit_blocks;
-  if (disk_ != nullptr) s.disk_corrupt_blocks = disk_->stats().corrupt;
+  if (disk_ != nullptr) {
+    s.disk_corrupt_blocks = disk_->stats().corrupt;
+    s.disk_bytes_full = disk_->stats().bytes;
+  }
+  if (sliding_disk_ != nullptr) {
+    s.disk_corrupt_blocks += sliding_disk_->stats().corrupt;
+    s.disk_bytes_sliding = sliding_disk_->stats().bytes;
+  }
   KvMemoryByLayerKind(&s);
   return s;
 }

@@ -142,6 +142,9 @@ struct EngineStats {
   int64_t swa_rebuilds = 0;
   int64_t swa_recomputed_tokens = 0;
   int64_t sliding_disk_hit_blocks = 0;  // sliding blocks loaded back from the disk tier
+  // The disk tier's files by layer kind (the sliding layers' blocks have a tier of their own).
+  int64_t disk_bytes_full = 0;
+  int64_t disk_bytes_sliding = 0;
 };
 
 class Tokenizer;      // engine/tokenizer.h

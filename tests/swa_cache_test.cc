@@ -184,7 +184,12 @@ TEST(SwaCache, DiskTierHitsEqualColdRunsUnderEveryPolicy) {
           other.prompt = RandomTokens(300, 77 + k);
           RunAll(*e, {other});
         }
-        EXPECT_GT(e->stats().disk_spilled_blocks, 0) << model << " " << policy;
+        const engine::EngineStats st = e->stats();
+        EXPECT_GT(st.disk_spilled_blocks, 0) << model << " " << policy;
+        EXPECT_GT(st.disk_bytes_full, 0) << model << " " << policy;
+        // Only the policies that keep sliding blocks spill them.
+        EXPECT_EQ(st.disk_bytes_sliding > 0, std::string(policy) != "recompute")
+            << model << " " << policy;
       }
       auto e = MakeEngine(s, HfShapeModel(model));
       ASSERT_NE(e, nullptr);

@@ -200,8 +200,12 @@ Status WholeEngine(std::shared_ptr<const engine::ModelWeights> w, int batch, con
   parts.options.max_running = std::max(batch, 1);
   parts.options.max_step_tokens = 2048;
   parts.options.max_prefill_chunk = 2048;
-  const int64_t block = engine::KvCache::BlockBytes(
-      {w->config.n_layers, w->config.n_kv_heads, w->config.head_dim(), 16, 1});
+  engine::KvCacheOptions kvo;
+  kvo.n_layers = w->config.n_layers;
+  kvo.n_kv_heads = w->config.n_kv_heads;
+  kvo.head_dim = w->config.head_dim();
+  kvo.num_blocks = 1;
+  const int64_t block = engine::KvCache::BlockBytes(kvo);
   const int64_t per_seq = (a.context + a.steps + 8 + 15) / 16 + 1;
   parts.options.kv_cache_bytes =
       std::max<int64_t>(block * per_seq * batch, block * ((w->config.max_seq_len + 15) / 16));

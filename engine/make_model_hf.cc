@@ -28,6 +28,7 @@ const HfModelShape kShapes[] = {
     {"moe-100m-dense", "qwen3", 512, 1536, 8, 8, 4, 64, 32000, 1024, 0, 0, 0, 0},
     {"swa-tiny", "llama", 64, 128, 4, 4, 2, 0, 512, 512, 0, 0, 0, 0, 8, 2, true},
     {"swa-5to1-tiny", "qwen3", 64, 128, 6, 4, 2, 32, 512, 512, 0, 0, 0, 0, 8, 6, false},
+    {"hybrid-bench", "qwen3", 256, 768, 12, 4, 2, 64, 8192, 8192, 0, 0, 0, 0, 128, 6, false},
 };
 
 constexpr uint32_t kWeightStream = 0x6D6F646C;  // "mold", as make_model.cc

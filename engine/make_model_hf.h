@@ -59,6 +59,9 @@ struct HfModelShape {
 //                                (GPT-OSS: layers 0, 2 sliding) with attention sinks
 //   "swa-5to1-tiny"   qwen3      64, 128, 6, 4, 2, 32, 512, 512; five sliding W=8 layers, then one
 //                                full (Gemma 3 sliding_window_pattern 6), no sinks
+//   "hybrid-bench"    qwen3     256, 768, 12, 4, 2, 64, 8192, 8192; sliding W=128, five sliding
+//                                layers per full one (layers 5 and 11 full), no sinks: 13.6M
+//                                parameters, the regime benchmark's model (docs/regimes.md)
 // Errors: kNotFound for any other name (the message lists the known ones).
 Result<HfModelShape> NamedHfShape(std::string_view name);
 

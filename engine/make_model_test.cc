@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/loaders/llama2c.h"
+#include "engine/make_model_hf.h"
 #include "engine/tokenizers/llama2c_tokenizer.h"
 #include "kernels/cpu/philox.h"
 
@@ -72,6 +73,22 @@ TEST(MakeModelTest, NamedShapes) {
   auto bad = NamedShape("stories7b");
   EXPECT_EQ(bad.status().code(), ErrorCode::kNotFound);
   EXPECT_NE(bad.status().message().find("tiny"), std::string::npos);
+}
+
+// The regime benchmark's hybrid model (docs/regimes.md): Gemma-3-like five sliding layers of
+// window 128 per full one, an 8K context. Its figures in docs/ depend on exactly this shape.
+TEST(MakeModelTest, HybridBenchShape) {
+  auto s = NamedHfShape("hybrid-bench");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  const int32_t want[] = {256, 768, 12, 4, 2, 64, 8192, 8192, 0, 128, 6, 0};
+  const int32_t got[] = {s->dim,        s->hidden_dim,     s->n_layers,   s->n_heads,
+                         s->n_kv_heads, s->head_dim,       s->vocab_size, s->max_seq_len,
+                         s->n_experts,  s->sliding_window, s->full_every, s->sinks ? 1 : 0};
+  EXPECT_EQ(std::memcmp(got, want, sizeof(got)), 0);
+  EXPECT_EQ(s->arch, "qwen3");
+  auto bad = NamedHfShape("hybrid-bench-xl");
+  EXPECT_EQ(bad.status().code(), ErrorCode::kNotFound);
+  EXPECT_NE(bad.status().message().find("hybrid-bench"), std::string::npos);
 }
 
 TEST(MakeModelTest, TinyModelLoadsAndIsReproducible) {

@@ -24,7 +24,8 @@ int CmdMakeModel(int argc, char** argv) {
   p.String("--shape", &shape_name,
            "stories110m (default), stories110m-gqa, stories15m, stories260k, tiny, ... "
            "(engine/make_model.h); qwen3-tiny, llama3-tiny, qwen3-moe-tiny, qwen2-moe-tiny, "
-           "moe-100m, moe-100m-dense (Hugging Face folders, engine/make_model_hf.h)",
+           "moe-100m, moe-100m-dense, swa-tiny, swa-5to1-tiny, hybrid-bench (Hugging Face folders, "
+           "engine/make_model_hf.h)",
            "NAME");
   p.String("--out", &out, "folder for model.bin (llama2.c format) and tokenizer.bin", "DIR");
   p.Integer("--seed", &seed, "weights seed, in [0, 2^64 - 1] (default 1)", "S");

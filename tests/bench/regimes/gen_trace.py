@@ -35,8 +35,10 @@ same in every request naming it); `task` groups an agent's turns; `after` is the
 request that must finish first, then `think_s` seconds pass before this one is submitted (t is
 then the earliest time). Token ids are drawn uniformly from [3, vocab) (0-2 are the byte
 tokenizer's NUL/BOS/EOS bytes; the runner also submits with stop_at_eos off, so outputs have
-exactly max_tokens tokens). The same (regime, seed, scale, vocab, ctx) always gives the same
-bytes: one random.Random(seed) per regime, no other source of randomness.
+exactly max_tokens tokens unless a sampled BOS ends them). Length caps scale with ctx (at 8K
+they are the figures above; prompt + output always fit in ctx). The same (regime, seed, scale,
+vocab, ctx) always gives the same bytes: one random.Random(seed) per regime, no other source of
+randomness.
 """
 
 import argparse
@@ -77,8 +79,8 @@ def longctx(rng, scale, vocab, ctx, tag="longctx"):
     out, t = [], 0.0
     for i in range(n_req):
         d = _zipf(rng, n_docs, 1.2)
-        q = _tokens(rng, _lognormal(rng, 48, 0.4, 8, 128), vocab)
-        mt = _lognormal(rng, 96, 0.3, 16, 192)
+        q = _tokens(rng, _lognormal(rng, 48, 0.4, 8, min(128, ctx // 16)), vocab)
+        mt = _lognormal(rng, 96, 0.3, 16, min(192, ctx // 16))
         out.append(_req(f"{tag}-{i}", "longctx", t, docs[d] + q, mt, rng.randrange(1 << 31),
                         f"{tag}-doc{d}", doc_len))
         t += rng.expovariate(rate)
@@ -90,8 +92,8 @@ def chat(rng, scale, vocab, ctx, tag="chat"):
     system = _tokens(rng, 64, vocab)
     out, t = [], 0.0
     for i in range(n_req):
-        user = _tokens(rng, _lognormal(rng, 160, 0.6, 8, 1024), vocab)
-        mt = _lognormal(rng, 48, 0.6, 4, 256)
+        user = _tokens(rng, _lognormal(rng, 160, 0.6, 8, min(1024, ctx // 4)), vocab)
+        mt = _lognormal(rng, 48, 0.6, 4, min(256, ctx // 4))
         out.append(_req(f"{tag}-{i}", "chat", t, system + user, mt, rng.randrange(1 << 31),
                         f"{tag}-system", len(system)))
         t += rng.expovariate(rate)
@@ -105,12 +107,12 @@ def agent(rng, scale, vocab, ctx, tag="agent"):
     out, t = [], 0.0
     for k in range(n_tasks):
         r = _zipf(rng, n_repos, 1.0)
-        prompt = repos[r] + _tokens(rng, _lognormal(rng, 64, 0.4, 8, 256), vocab)  # the task
+        prompt = repos[r] + _tokens(rng, _lognormal(rng, 64, 0.4, 8, min(256, ctx // 8)), vocab)  # the task
         prev = None
         for j in range(turns):
             if j > 0:
-                prompt = prompt + _tokens(rng, _lognormal(rng, 160, 0.6, 8, 512), vocab)
-            if len(prompt) + 64 > ctx:
+                prompt = prompt + _tokens(rng, _lognormal(rng, 160, 0.6, 8, min(512, ctx // 8)), vocab)
+            if len(prompt) + 64 >= ctx:
                 break
             rid = f"{tag}-{k}.{j}"
             out.append(_req(rid, "agent", t, list(prompt), _lognormal(rng, 32, 0.4, 4, 64),
@@ -128,8 +130,8 @@ def rl(rng, scale, vocab, ctx, tag="rl"):
     out = []
     for g in range(n_groups):
         t = (g // burst) * gap  # a training step submits `burst` groups at once
-        problem = _tokens(rng, _lognormal(rng, 192, 0.5, 16, 1024), vocab)
-        mt = _lognormal(rng, 384, 0.4, 64, 1024)
+        problem = _tokens(rng, _lognormal(rng, 192, 0.5, 16, min(1024, ctx // 8)), vocab)
+        mt = _lognormal(rng, 384, 0.4, 64, min(1024, ctx // 4))
         out.append(_req(f"{tag}-{g}", "rl", t, instr + problem, mt, rng.randrange(1 << 31),
                         f"{tag}-instruction", len(instr), n=n))
     return out
@@ -156,6 +158,9 @@ def generate(regime, seed, scale=1.0, vocab=8192, ctx=8192):
         raise ValueError("need scale > 0, vocab > 4, ctx >= 512")
     reqs = GEN[regime](random.Random(f"{regime}/{seed}"), scale, vocab, ctx)
     reqs.sort(key=lambda r: (r["t"], r["id"]))
+    for r in reqs:  # the caps above keep every request inside the context
+        if len(r["prompt"]) + r["max_tokens"] >= ctx:
+            raise ValueError(f"{r['id']}: prompt + output do not fit in ctx {ctx}")
     head = {"trace": 1, "regime": regime, "seed": seed, "scale": scale, "vocab": vocab,
             "ctx": ctx, "requests": len(reqs)}
     return [head] + reqs

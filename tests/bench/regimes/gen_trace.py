@@ -20,8 +20,9 @@ Regimes (each: prompt and output length distributions, prefix sharing, arrival p
            prefix (128 tokens) plus a problem (lognormal, median 192), long outputs (lognormal,
            median 384, at most 1024); groups arrive in bursts (a training step submits a batch
            of groups at once).
-  mixed    all of them on one endpoint: each regime generated at a share of the requests
-           (SHARES) and merged by arrival time; ids and prefixes stay distinct per regime.
+  mixed    all of them on one endpoint: each regime generated from its own seeded stream with
+           about its share (SHARES) of 30 requests (at scale 1; an RL group and an agent turn
+           count as one), merged by arrival time; ids and prefixes stay distinct per regime.
 
 Output: JSON Lines. The first line is the header {"trace": 1, "regime", "seed", "scale",
 "vocab", "ctx", "requests"}; then one request per line, sorted by arrival time t:
@@ -48,7 +49,9 @@ import random
 import sys
 
 REGIMES = ("longctx", "chat", "agent", "rl", "mixed")
-SHARES = {"chat": 0.45, "agent": 0.25, "rl": 0.20, "longctx": 0.10}  # of mixed's requests
+SHARES = {"chat": 0.50, "agent": 0.25, "rl": 0.15, "longctx": 0.10}  # of mixed's requests
+MIXED_REQUESTS = 30  # at scale 1
+BASE_REQUESTS = {"chat": 40, "agent": 20, "rl": 6, "longctx": 10}  # each regime at scale 1
 LO_ID = 3
 
 
@@ -107,11 +110,13 @@ def agent(rng, scale, vocab, ctx, tag="agent"):
     out, t = [], 0.0
     for k in range(n_tasks):
         r = _zipf(rng, n_repos, 1.0)
-        prompt = repos[r] + _tokens(rng, _lognormal(rng, 64, 0.4, 8, min(256, ctx // 8)), vocab)  # the task
+        task = _tokens(rng, _lognormal(rng, 64, 0.4, 8, min(256, ctx // 8)), vocab)
+        prompt = repos[r] + task
         prev = None
         for j in range(turns):
             if j > 0:
-                prompt = prompt + _tokens(rng, _lognormal(rng, 160, 0.6, 8, min(512, ctx // 8)), vocab)
+                tool = _lognormal(rng, 160, 0.6, 8, min(512, ctx // 8))
+                prompt = prompt + _tokens(rng, tool, vocab)
             if len(prompt) + 64 >= ctx:
                 break
             rid = f"{tag}-{k}.{j}"
@@ -138,12 +143,13 @@ def rl(rng, scale, vocab, ctx, tag="rl"):
 
 
 def mixed(rng, scale, vocab, ctx):
-    # Every regime from its own seeded stream (derived from this one), scaled to its share of
-    # a mixed trace about as long as chat's.
+    # Every regime from its own seeded stream (derived from this one), scaled so that its
+    # requests (an RL group or an agent turn is one request) are about SHARES of MIXED_REQUESTS.
     out = []
     for name, share in sorted(SHARES.items()):
         sub = random.Random(rng.randrange(1 << 62))
-        out += GEN[name](sub, scale * share * 2.0, vocab, ctx, tag=f"mixed-{name}")
+        sub_scale = share * MIXED_REQUESTS * scale / BASE_REQUESTS[name]
+        out += GEN[name](sub, sub_scale, vocab, ctx, tag=f"mixed-{name}")
     return out
 
 

@@ -7,12 +7,12 @@
 
 Starts `bitroll serve --bind tcp://127.0.0.1:* --metrics-bind 127.0.0.1:0` (the --config file
 holds --config-key entries; --serve-arg entries are passed as they are), then submits every
-request of the trace through the Python client (bitroll.Client, PYTHONPATH=<build>/python) at its
-arrival time, as one group of n samples with streamed tokens (stream_tokens), stop_at_eos off
+request of the trace through the Python client (bitroll.Client, PYTHONPATH=<build>/python) at
+its arrival time, as one group of n samples with streamed tokens (stream_tokens), stop_at_eos off
 (outputs are max_tokens long unless a sampled BOS ends them), temperature 1 and the request's
 seed. A request with "after" is submitted think_s seconds after that request finished (never
-before its t). A submit refused as busy (or any group error whose code is busy / resource_exhausted /
-unavailable) is retried after 0.2 s, at most --retries times.
+before its t). A submit refused as busy (or any group error whose code is busy /
+resource_exhausted / unavailable) is retried after 0.2 s, at most --retries times.
 
 One event loop, one thread: between submits it waits on the client's socket and timestamps
 each message as it arrives. Per request it records: submit, first token (the first TokenChunk
@@ -217,6 +217,7 @@ def replay(a, header, reqs, flags, config, proc, endpoint, metrics, cmd, startup
     client = Client(endpoint, timeout_ms=a.timeout * 1000)
     # Wait until the service answers (status), then read the counters before the run.
     client.status()
+    load_begin = os.getloadavg()[0]
     before = scrape(metrics) if metrics else {}
     t0 = time.monotonic()
     rp = Replay(client, reqs, a.retries, t0)
@@ -276,7 +277,8 @@ def replay(a, header, reqs, flags, config, proc, endpoint, metrics, cmd, startup
     client.close()
     result = {"config": {"replicas": a.replicas, "threads": a.threads, "config": config,
                          "serve_args": a.serve_arg, "command": cmd[:1] + cmd[1:],
-                         "startup_s": startup_s},
+                         "startup_s": startup_s,
+                         "loadavg": [load_begin, os.getloadavg()[0]]},
               "header": header, "wall_s": wall, "ok": ok,
               "requests": list(rp.rec.values()), "samples": samples,
               "metrics_before": before, "metrics_after": after, "status_after": status_after,

@@ -406,7 +406,7 @@ def write_md(a, results, skipped, sweep, pics, run_info):
         L.append(table(results[rg], COLS[rg]) + "\n")
         if rg == "mixed" and results[rg]:
             name, m = results[rg][0]
-            L.append(f"Traffic shares ({name}):\n")
+            L.append(f"Traffic shares ({name}, its first run):\n")
             L.append("| regime | requests | tokens (prompt + output) | e2e p50 (s) |")
             L.append("|---|---|---|---|")
             tot_r = sum(v["requests"] for v in m["shares"].values())

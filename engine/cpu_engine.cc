@@ -165,8 +165,11 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
     // boundaries; recompute: nothing); the full pool gets the rest.
     const int64_t bs = kv.block_size;
     const int64_t window_blocks = (widest + bs - 1) / bs + 2;
+    // A step writes at most max_step_tokens rows, and one sequence never holds more sliding
+    // blocks than its block table (a context of max_seq_len).
+    const int64_t step_blocks = (o.max_step_tokens + bs - 1) / bs;
     const int64_t running_need =
-        int64_t{o.max_running} * window_blocks + (o.max_step_tokens + bs - 1) / bs + window_blocks;
+        int64_t{o.max_running} * window_blocks + step_blocks + window_blocks;
     const int64_t as_full = kv.num_blocks;  // the full policy: one sliding block per block
     int64_t cached = 0;
     if (swa.policy == SwaCachePolicy::kFull) cached = as_full;
@@ -175,7 +178,7 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
     }
     kv.num_sliding_blocks = std::min(as_full, running_need + cached);
     kv.num_blocks = (budget - kv.num_sliding_blocks * sliding_bytes) / full_bytes;
-    const int64_t one_seq = window_blocks + (o.max_step_tokens + bs - 1) / bs + 1;
+    const int64_t one_seq = std::min(window_blocks + step_blocks + 1, per_seq);
     if (kv.num_sliding_blocks < one_seq) {
       return Status::InvalidArgument("engine: kv_cache_bytes " + std::to_string(budget) +
                                      " leaves the sliding layers fewer blocks than one sequence "

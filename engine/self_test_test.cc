@@ -9,6 +9,7 @@
 #include <iostream>
 #include <string>
 
+#include "engine/cpu_engine.h"
 #include "engine/engine.h"
 #include "engine/invariance_break.h"
 #include "kernels/cpu/isa.h"
@@ -79,6 +80,27 @@ TEST(SelfTest, PassesOnEveryIsaHere) {
     ++tested;
   }
   EXPECT_GE(tested, 1);
+}
+
+// `bitroll serve` runs the self-test before it serves: it must pass on hybrid (sliding-window)
+// models under every SWA cache policy, whose sliding pool is sized by the policy.
+TEST(SelfTest, PassesOnHybridModelsUnderEverySwaPolicy) {
+  unsetenv(kTestBreakInvarianceEnv);
+  for (const char* shape : {"swa-tiny", "swa-5to1-tiny"}) {
+    for (const char* policy : {"full", "checkpoint:32", "recompute"}) {
+      CpuEngineParts parts;
+      parts.weights = testing_util::HfShapeModel(shape);
+      ASSERT_NE(parts.weights, nullptr) << shape;
+      parts.options.swa_cache = policy;
+      const EngineOptions o = parts.options;
+      Result<std::unique_ptr<CpuEngine>> e = CpuEngine::Create(std::move(parts));
+      ASSERT_TRUE(e.ok()) << shape << " " << policy << ": " << e.status().ToString();
+      SelfTestReport report;
+      const Status s = RunInvarianceSelfTest(**e, o, SelfTestOptions{}, &report);
+      EXPECT_TRUE(s.ok()) << shape << " " << policy << ": " << s.ToString();
+      EXPECT_TRUE(report.passed) << shape << " " << policy << ": " << report.ToString();
+    }
+  }
 }
 
 TEST(SelfTest, ABatchVariantMatmulFailsTheBatchCheck) {

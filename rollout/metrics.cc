@@ -214,6 +214,35 @@ struct Metrics::Impl {
                                .Name("bitroll_kv_free_tokens")
                                .Help("Tokens of free KV blocks")
                                .Register(*registry);
+  // KV memory by layer kind (kind="full" | "sliding"; docs/design.md "KV memory per layer kind").
+  Family<Gauge>& kv_bytes_per_token = prometheus::BuildGauge()
+                                          .Name("bitroll_kv_bytes_per_token")
+                                          .Help("K and V bytes of one token, by layer kind")
+                                          .Register(*registry);
+  Family<Gauge>& kv_live_bytes =
+      prometheus::BuildGauge()
+          .Name("bitroll_kv_live_bytes")
+          .Help("KV bytes held by sequences and the prefix cache, by layer kind")
+          .Register(*registry);
+  Family<Gauge>& prefix_cached_bytes =
+      prometheus::BuildGauge()
+          .Name("bitroll_prefix_cached_bytes")
+          .Help("KV bytes the prefix cache's memory tier keeps, by layer kind")
+          .Register(*registry);
+  Family<Gauge>& disk_bytes = prometheus::BuildGauge()
+                                  .Name("bitroll_kv_disk_bytes")
+                                  .Help("Bytes of the KV disk tier's files, by layer kind")
+                                  .Register(*registry);
+  Family<Counter>& swa_rebuilds =
+      prometheus::BuildCounter()
+          .Name("bitroll_swa_rebuilds_total")
+          .Help("Prefix hits whose sliding-window state was recomputed (SWA cache policy)")
+          .Register(*registry);
+  Family<Counter>& swa_recomputed =
+      prometheus::BuildCounter()
+          .Name("bitroll_swa_recomputed_tokens_total")
+          .Help("Tokens run again to rebuild sliding-window state on prefix hits")
+          .Register(*registry);
 
   // Series the hooks touch, looked up once.
   Counter& tokens_total = tokens.Add({});
@@ -258,6 +287,9 @@ struct Metrics::Impl {
 struct ReplicaMetrics::Series {
   Gauge *running, *waiting, *kv_tokens, *kv_sequences, *kv_free;
   Counter *decode, *computed, *cached, *hit_memory, *hit_disk, *preemptions;
+  // By layer kind: [0] full-attention layers, [1] sliding-window layers.
+  Gauge *kv_bytes_per_token[2], *kv_live_bytes[2], *prefix_cached_bytes[2], *disk_bytes[2];
+  Counter *swa_rebuilds, *swa_recomputed;
 };
 
 Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
@@ -391,6 +423,15 @@ std::unique_ptr<ReplicaMetrics> Metrics::ForReplica(const std::string& name) {
   s->hit_memory = &im.hits.Add({{"replica", name}, {"tier", "memory"}});
   s->hit_disk = &im.hits.Add({{"replica", name}, {"tier", "disk"}});
   s->preemptions = &im.preemptions.Add(l);
+  for (int k = 0; k < 2; ++k) {
+    const prometheus::Labels kl{{"replica", name}, {"kind", k == 0 ? "full" : "sliding"}};
+    s->kv_bytes_per_token[k] = &im.kv_bytes_per_token.Add(kl);
+    s->kv_live_bytes[k] = &im.kv_live_bytes.Add(kl);
+    s->prefix_cached_bytes[k] = &im.prefix_cached_bytes.Add(kl);
+    s->disk_bytes[k] = &im.disk_bytes.Add(kl);
+  }
+  s->swa_rebuilds = &im.swa_rebuilds.Add(l);
+  s->swa_recomputed = &im.swa_recomputed.Add(l);
   return std::unique_ptr<ReplicaMetrics>(new ReplicaMetrics(std::move(s)));
 }
 
@@ -424,6 +465,18 @@ void ReplicaMetrics::Update(const engine::EngineStats& s, int32_t max_seq_len) {
   s_->kv_tokens->Set(static_cast<double>(tokens));
   s_->kv_sequences->Set(max_seq_len > 0 ? static_cast<double>(tokens / max_seq_len) : 0.0);
   s_->kv_free->Set(static_cast<double>(s.kv_blocks_free * s.kv_block_tokens));
+  add(s_->swa_rebuilds, s.swa_rebuilds, last_.swa_rebuilds);
+  add(s_->swa_recomputed, s.swa_recomputed_tokens, last_.swa_recomputed_tokens);
+  const int64_t per_token[2] = {s.kv_bytes_per_token_full, s.kv_bytes_per_token_sliding};
+  const int64_t live[2] = {s.kv_live_bytes_full, s.kv_live_bytes_sliding};
+  const int64_t cached_bytes[2] = {s.prefix_cached_bytes_full, s.prefix_cached_bytes_sliding};
+  const int64_t disk[2] = {s.disk_bytes_full, s.disk_bytes_sliding};
+  for (int k = 0; k < 2; ++k) {
+    s_->kv_bytes_per_token[k]->Set(static_cast<double>(per_token[k]));
+    s_->kv_live_bytes[k]->Set(static_cast<double>(live[k]));
+    s_->prefix_cached_bytes[k]->Set(static_cast<double>(cached_bytes[k]));
+    s_->disk_bytes[k]->Set(static_cast<double>(disk[k]));
+  }
   last_ = s;
 }
 

@@ -163,6 +163,43 @@ void StartService(Service* s, int replicas, const std::string& wal_dir, int64_t 
   s->client = std::move(client).value();
 }
 
+// A replica's series by layer kind follow its engine's stats: gauges take the value, counters
+// move by the increase (a hybrid model's sliding-window layers; docs/design.md "KV memory per
+// layer kind", "SWA prefix-cache policies").
+TEST(Metrics, ReplicaSeriesByLayerKind) {
+  auto m = Metrics::Start({});
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::unique_ptr<ReplicaMetrics> r = (*m)->ForReplica("r0");
+  engine::EngineStats s;
+  s.kv_bytes_per_token_full = 512;
+  s.kv_bytes_per_token_sliding = 2560;
+  s.kv_live_bytes_full = 1 << 20;
+  s.kv_live_bytes_sliding = 3 << 20;
+  s.prefix_cached_bytes_full = 4096;
+  s.prefix_cached_bytes_sliding = 8192;
+  s.disk_bytes_full = 100;
+  s.disk_bytes_sliding = 200;
+  s.swa_rebuilds = 2;
+  s.swa_recomputed_tokens = 600;
+  r->Update(s, 1024);
+  s.swa_rebuilds = 3;
+  s.swa_recomputed_tokens = 900;
+  s.kv_live_bytes_sliding = 1 << 20;
+  r->Update(s, 1024);
+  const std::string t = (*m)->Render();
+  auto at = [&](const std::string& name, const char* kind) {
+    return Sample(t, name + "{kind=\"" + kind + "\",replica=\"r0\"}");
+  };
+  EXPECT_EQ(at("bitroll_kv_bytes_per_token", "full"), 512);
+  EXPECT_EQ(at("bitroll_kv_bytes_per_token", "sliding"), 2560);
+  EXPECT_EQ(at("bitroll_kv_live_bytes", "full"), 1 << 20);
+  EXPECT_EQ(at("bitroll_kv_live_bytes", "sliding"), 1 << 20);  // the latest value
+  EXPECT_EQ(at("bitroll_prefix_cached_bytes", "sliding"), 8192);
+  EXPECT_EQ(at("bitroll_kv_disk_bytes", "full"), 100);
+  EXPECT_EQ(Sample(t, R"(bitroll_swa_rebuilds_total{replica="r0"})"), 3);
+  EXPECT_EQ(Sample(t, R"(bitroll_swa_recomputed_tokens_total{replica="r0"})"), 900);
+}
+
 TEST(Metrics, BindErrorsAreTyped) {
   auto bad = Metrics::Start({"no-port", true});
   ASSERT_FALSE(bad.ok());

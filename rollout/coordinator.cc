@@ -351,14 +351,15 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
   }
   const double denom = static_cast<double>(total_cached + total_computed);
   uint32_t waiting = 0;
-  for (uint64_t id : waiting_weights) {
+  for (const auto& [id, needs] : weights.held()) {
     auto it = works.find(id);
     waiting += it != works.end() && it->second.replica < 0 && !it->second.tool_running ? 1 : 0;
   }
   flatbuffers::Offset<wire::Fingerprint> fp = 0;
   if (fingerprint) {
     NumericsFingerprint live = *fingerprint;
-    if (live_weights_hash != 0) live.weights_hash = live_weights_hash;  // of weight_version
+    // The hash of the live version once an update installed it.
+    if (weights.live_weights_hash() != 0) live.weights_hash = weights.live_weights_hash();
     fp = FingerprintToWire(fbb, live);
   }
   auto reply = wire::CreateStatusReply(
@@ -366,7 +367,7 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
       static_cast<uint32_t>(works.size() - queued), static_cast<uint32_t>(groups.size()),
       fbb.CreateVector(loads), rate.PerSecond(now),
       denom > 0 ? static_cast<double>(total_cached) / denom : 0.0, trajectories_done,
-      weight_version, paused || (update.active && update.drain), wal != nullptr,
+      weights.version(), paused || weights.draining(), wal != nullptr,
       wal ? wal->counters.tokens_logged : 0, wal ? wal->counters.recovered_tokens : 0,
       wal ? wal->counters.forced_tokens : 0, wal ? wal->counters.resumed : 0,
       wal ? wal->counters.forced_mismatches : 0, wal ? wal->stats().bytes_written : 0,
@@ -376,8 +377,7 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
 }
 
 void Coordinator::State::Dispatch() {
-  if (paused || (update.active && update.drain && update.kind != PendingUpdate::Kind::kPart) ||
-      queued == 0) {
+  if (paused || weights.HoldsDispatch() || queued == 0) {
     return;
   }
   const auto now = Clock::now();
@@ -487,7 +487,7 @@ void Coordinator::State::Run() {
       }
       journal->OnHousekeeping(now);
       Dispatch();
-      MaybeSendUpdate();
+      weights.MaybeSend(works.size() - queued);
       MaybeFinishDrain();
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) return;

@@ -18,6 +18,17 @@ Coordinator::State::State(zmq::context_t& ctx, const CoordinatorOptions& o)
                     for (const auto& [key, g] : groups) held.push_back(g->client);
                     return held;
                   }),
+      weights(replicas, o.decode, o.stream_timeout_ms,
+              WeightsGate::Hooks{
+                  [this](int r, std::string_view b) { SendReplicaBytes(r, b); },
+                  [this](const std::string& c, uint64_t id, const Status& st, uint64_t v) {
+                    if (st.ok()) return SendAck(c, id, v);
+                    SendError(c, id, st);
+                  },
+                  [this](const WeightsGate::Installed& w) {
+                    journal->OnWeightsInstalled(w);
+                    ReleaseWaitingWork();
+                  }}),
       journal(std::make_unique<Journal>(*this)) {}
 
 // ---- events ----
@@ -71,7 +82,7 @@ void Journal::OnTurnEnded(Work* w, const wire::Trajectory& t) {
     const size_t k = n - logged;
     w->tokens.insert(w->tokens.end(), ids, ids + k);
     w->logprobs.insert(w->logprobs.end(), lps, lps + k);
-    s_.CheckWal(s_.wal->LogTokens(w->id, {ids, k}, {lps, k}, s_.weight_version));
+    s_.CheckWal(s_.wal->LogTokens(w->id, {ids, k}, {lps, k}, s_.weights.version()));
   }
 }
 
@@ -110,10 +121,10 @@ void Journal::OnGroupAborted(Group* g) {
   }
 }
 
-void Journal::OnWeightsInstalled(const std::string& source) {
+void Journal::OnWeightsInstalled(const WeightsGate::Installed& w) {
   if (!s_.wal) return;
-  s_.SaveLiveWeights(source);    // weights.json: what a restart re-applies
-  s_.RecordVersionInRegistry();  // weights.jsonl, fsync'd before the Ack
+  s_.SaveLiveWeights(w);          // weights.json: what a restart re-applies
+  s_.RecordVersionInRegistry(w);  // weights.jsonl, fsync'd before the Ack
 }
 
 int Journal::PollWaitMs(int wait_ms) const {
@@ -157,9 +168,10 @@ void Coordinator::State::LogDispatch(Work* w) {
   Group* g = w->group;
   if (!w->header_logged) {
     NumericsFingerprint fp = fingerprint.value_or(NumericsFingerprint{});
-    if (live_weights_hash != 0) fp.weights_hash = live_weights_hash;  // of weight_version
+    // The hash of the live version once an update installed it.
+    if (weights.live_weights_hash() != 0) fp.weights_hash = weights.live_weights_hash();
     CheckWal(wal->LogHeader(w->id, g->serial, w->sample_index, *g->submit, g->buffer,
-                            weight_version, fp));
+                            weights.version(), fp));
     w->header_logged = true;
     if (g->unheadered > 0 && --g->unheadered == 0 && g->group_pending) {
       CheckWal(wal->AckGroup(g->serial));
@@ -214,7 +226,7 @@ void Coordinator::State::LogFinish(const Work& w, const wire::Trajectory& t, std
       w.sampled_base + t.ids()->size() > w.tokens.size()) {
     const size_t k = w.tokens.size() - w.sampled_base, m = t.ids()->size() - k;
     CheckWal(wal->LogTokens(w.id, {t.ids()->data() + k, m}, {t.logprobs()->data() + k, m},
-                            weight_version));
+                            weights.version()));
   }
   const std::string err = t.error() && t.error()->message() ? t.error()->message()->str() : "";
   Result<RoutingRecord> routing = RoutingFromWire(t.routing());  // kept for recovery

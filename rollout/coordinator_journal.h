@@ -76,7 +76,7 @@ class Coordinator::State::Journal {
 
   // ---- weights ----
 
-  void OnWeightsInstalled(const std::string& source);
+  void OnWeightsInstalled(const WeightsGate::Installed& w);
 
   // ---- the loop ----
 

@@ -11,7 +11,7 @@ void Coordinator::State::PublishMetrics(Clock::time_point now) {
   s.queued = queued;
   s.inflight = works.size() - queued;
   s.groups = groups.size();
-  s.weight_version = weight_version;
+  s.weight_version = weights.version();
   s.replicas.reserve(replicas.size());
   for (const Replica& r : replicas) {
     s.replicas.push_back({r.name, r.alive, r.weight_version, r.inflight.size()});

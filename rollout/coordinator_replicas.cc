@@ -22,7 +22,7 @@ void Coordinator::State::OnDrain(const std::string& client, uint64_t request_id,
   if (resume) {
     paused = false;
     spdlog::info("coordinator: resume dispatch");
-    return SendAck(client, request_id, weight_version);
+    return SendAck(client, request_id, weights.version());
   }
   paused = true;
   spdlog::info("coordinator: drain: dispatch paused");
@@ -32,7 +32,7 @@ void Coordinator::State::OnDrain(const std::string& client, uint64_t request_id,
 
 void Coordinator::State::MaybeFinishDrain() {
   if (drain_waiters.empty() || works.size() - queued > 0) return;
-  for (auto& [c, id] : drain_waiters) SendAck(c, id, weight_version);
+  for (auto& [c, id] : drain_waiters) SendAck(c, id, weights.version());
   drain_waiters.clear();
 }
 
@@ -61,11 +61,9 @@ void Coordinator::State::OnReplica(const std::string& identity, const zmq::messa
       return OnResults(r, e->msg_as_ReplicaResults());
     case wire::Message_Ack:
       replicas[r].weight_version = e->msg_as_Ack()->weight_version();
-      if (e->request_id() == update.replica_request_id && e->msg_as_Ack()->weights_hash() != 0)
-        update.weights_hash = e->msg_as_Ack()->weights_hash();  // for the weights registry
-      return OnUpdateReply(r, e->request_id(), Status::Ok());
+      return weights.OnReplicaAck(r, e->request_id(), e->msg_as_Ack()->weights_hash());
     case wire::Message_Error:
-      return OnUpdateReply(r, e->request_id(), StatusFromWire(e->msg_as_Error()));
+      return weights.OnReplicaError(r, e->request_id(), StatusFromWire(e->msg_as_Error()));
     default:
       spdlog::warn("coordinator: replica {} sent unexpected {}", replicas[r].name,
                    wire::EnumNameMessage(e->msg_type()));
@@ -104,7 +102,7 @@ void Coordinator::State::OnHello(const std::string& identity, const wire::Envelo
   rep.catchup.clear();
   spdlog::info("coordinator: replica {} joined (remote={} capacity={} vocab={})", rep.name,
                rep.remote, rep.capacity, h->vocab_size());
-  CatchUp(r);
+  weights.CatchUp(r);
   if (!rep.remote) local_replicas_joined.fetch_add(1);
 }
 
@@ -125,10 +123,7 @@ void Coordinator::State::ReplicaDead(int r, const char* why) {
     Enqueue(&w, /*front=*/true);
   }
   rep.inflight.clear();
-  if (update.active) {
-    update.waiting.erase(r);
-    MaybeFinishUpdate();
-  }
+  weights.OnReplicaGone(r);
 }
 
 void Coordinator::State::BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w,

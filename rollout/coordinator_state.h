@@ -1,11 +1,13 @@
 // rollout/coordinator_state.h: the coordinator's internal state (one object, owned by the
 // coordinator thread). Internal to rollout/coordinator*.cc; the public face is coordinator.h.
-// Its methods live in five files by concern: coordinator.cc (clients, groups, dispatch, the
-// loop), coordinator_replicas.cc (replica messages, drain), coordinator_weights.cc (weight
-// updates),
-// coordinator_wal.cc (durable delivery, re-attach, recovery) and coordinator_tools.cc
-// (the multi-turn tool loop); what is logged when is decided in one file,
-// coordinator_journal.{h,cc} (State::Journal).
+// Its parts own their data and are testable alone: ReplicaSet (replica_set.h), ClientOutbox
+// (client_outbox.h), ConnectionAges (connection_ages.h) and WeightsGate (weights_gate.h: the live
+// weights, the update in flight, the version gate of queued work). Its methods live in five
+// files by concern: coordinator.cc (clients, groups, dispatch, the loop),
+// coordinator_replicas.cc (replica messages, drain), coordinator_weights.cc (the glue to the
+// weights gate and the records of the live weights), coordinator_wal.cc (durable delivery,
+// re-attach, recovery) and coordinator_tools.cc (the multi-turn tool loop); what is logged when
+// is decided in one file, coordinator_journal.{h,cc} (State::Journal).
 #pragma once
 
 #include "rollout/coordinator.h"
@@ -35,6 +37,7 @@
 #include "rollout/tool_call.h"
 #include "rollout/tool_runner.h"
 #include "rollout/wal_log.h"
+#include "rollout/weights_gate.h"
 
 namespace bitroll::rollout {
 
@@ -155,35 +158,6 @@ struct Coordinator::State {
     uint64_t lsn = 0;  // the finish record's LSN: delivered once DurableLsn() reaches it
   };
   using Replica = ReplicaEntry;  // rollout/replica_set.h
-  // One UpdateWeights in flight to the replicas (coordinator_weights.cc).
-  struct PendingUpdate {
-    enum class Kind { kPath, kPart, kCommit, kNccl };
-    bool active = false;
-    Kind kind = Kind::kPath;
-    std::string client;
-    uint64_t request_id = 0;
-    std::string path;
-    uint64_t version = 0;
-    bool drain = false;
-    bool full = false;  // a commit that names every tensor (its replay replaces the history)
-    bool sent = false;
-    uint64_t replica_request_id = 0;
-    std::string message;                      // the client's UpdateWeights envelope (verified)
-    std::shared_ptr<const std::string> body;  // part / commit: the envelope sent to replicas
-    Status error;                             // first replica failure
-    uint64_t weights_hash = 0;                // of the installed weights (a replica's Ack)
-    std::unordered_set<int> waiting;          // replicas that have not acked
-    std::unordered_set<int> installed;        // replicas that acked (installed / staged it)
-  };
-  // A streamed update between its first part and its commit.
-  struct Stream {
-    bool active = false;
-    std::string client;
-    uint64_t version = 0;
-    Clock::time_point last;                                 // the last part's arrival
-    uint32_t next_part = 0;                                 // UpdateWeights.part expected next
-    std::vector<std::shared_ptr<const std::string>> parts;  // forwarded so far, in order
-  };
 
   CoordinatorOptions options;
   zmq::socket_t front;
@@ -207,24 +181,12 @@ struct Coordinator::State {
   std::unordered_set<std::string> redelivering;
   std::vector<uint64_t> align_buf;  // AlignForRead storage for the message being handled
   uint64_t next_work_id = 1;
-  uint64_t next_update_id = 1;
   bool paused = false;  // Drain
   std::vector<std::pair<std::string, uint64_t>> drain_waiters;
-  PendingUpdate update;
-  Stream stream;
-  std::string weights_path;  // current weights (sent to late-joining replicas)
-  // Committed streamed updates since the last path or full update, replayed (after
-  // weights_path) to a replica that joins late; nccl_live: the live weights came by NCCL and
-  // cannot be replayed.
-  std::vector<std::shared_ptr<const std::string>> replay;
-  bool nccl_live = false;
-  // Queued work that waits for its Work::needs_version to be live (counted in `queued`).
-  std::vector<uint64_t> waiting_weights;
-  uint64_t weight_version = 0;
+  // The live weights, the update in flight and the version gate of queued work
+  // (rollout/weights_gate.h); coordinator_weights.cc is the glue.
+  WeightsGate weights;
   std::optional<NumericsFingerprint> fingerprint;
-  // The weights hash of the live weights once an update installed them (a replica's Ack, or the
-  // weights registry after a restart); 0: the replicas' own (fingerprint). Logged in headers.
-  uint64_t live_weights_hash = 0;
   uint64_t trajectories_done = 0;
   int64_t total_cached = 0, total_computed = 0;
   RateMeter rate;
@@ -303,42 +265,28 @@ struct Coordinator::State {
 
   void OnStatus(const std::string& client, uint64_t request_id);
 
-  // ---- weight updates (coordinator_weights.cc) ----
+  // ---- weights (rollout/weights_gate.h; the glue in coordinator_weights.cc) ----
 
   void OnUpdateWeights(const std::string& client, const wire::Envelope* e, const void* data,
                        size_t size);
 
-  // Sends the update in flight to the live replicas once its drain condition holds; abandons a
-  // stream whose client sent nothing for options.stream_timeout_ms.
-  void MaybeSendUpdate();
-
-  // Answers the client once every replica answered (an NCCL update: at the first error).
-  void MaybeFinishUpdate();
-
-  // Drops the stream's staged parts on every replica (UpdateWeights.abort).
-  void AbortStream(const char* why);
-
-  // Brings a (re)joined replica to the live weights: path, replayed streamed updates, and the
-  // update in flight; marks it stale when that is impossible.
-  void CatchUp(int r);
-
   void SendReplicaBytes(int r, std::string_view bytes);
 
-  // Queues `w` for dispatch (at the front: a failover), or parks it in waiting_weights while
+  // Queues `w` for dispatch (at the front: a failover), or holds it in the weights gate while
   // its needs_version is newer than the live weights.
   void Enqueue(Work* w, bool front = false);
 
-  // Queues the parked work whose weights version is now live.
+  // Queues the held work whose weights version is now live.
   void ReleaseWaitingWork();
 
   // With a WAL: the live weights' source ("path", "tensors", "nccl") in <data dir>/weights.json
   // (atomic), read back by RestoreLiveWeights before recovery: a path update is re-applied to
   // the replicas after a restart; streamed and NCCL weights must be sent again by the trainer.
-  void SaveLiveWeights(const std::string& source);
+  void SaveLiveWeights(const WeightsGate::Installed& w);
   void RestoreLiveWeights();
   // With a WAL: appends the version just installed to <data dir>/weights.jsonl
   // (rollout/weights_registry.h), fsync'd, before the update is acknowledged.
-  void RecordVersionInRegistry();
+  void RecordVersionInRegistry(const WeightsGate::Installed& w);
 
   void OnDrain(const std::string& client, uint64_t request_id, bool resume);
 
@@ -347,8 +295,6 @@ struct Coordinator::State {
   // ---- replicas ----
 
   void OnReplica(const std::string& identity, const zmq::message_t& msg);
-
-  void OnUpdateReply(int r, uint64_t request_id, Status s);
 
   void OnHello(const std::string& identity, const wire::Envelope* e);
 

@@ -288,11 +288,11 @@ Status Coordinator::State::RecoverFromWal() {
   for (auto& [serial, g] : by_serial) {
     if (g != nullptr) FinishGroupIfDone(g);
   }
-  if (!waiting_weights.empty()) {
+  if (!weights.held().empty()) {
     spdlog::warn(
         "coordinator: {} recovered trajectories were logged under weights newer than the "
         "live version={}; they wait for an UpdateWeights bringing their version",
-        waiting_weights.size(), weight_version);
+        weights.held().size(), weights.version());
   }
   spdlog::info(
       "coordinator: WAL recovered {} group(s): {} unfinished trajectories ({} logged tokens), "

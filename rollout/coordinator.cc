@@ -86,27 +86,10 @@ void Coordinator::State::OnClient(const std::string& client, const zmq::message_
   }
 }
 
-std::string Coordinator::State::GroupKey(const std::string& owner, uint64_t group_id) {
-  std::string key = owner;
-  key.append(reinterpret_cast<const char*>(&group_id), sizeof(group_id));
-  return key;
-}
-
 Coordinator::State::Group* Coordinator::State::FindGroup(const std::string& owner,
                                                          uint64_t group_id,
                                                          std::string* parked_key) {
-  // A group recovered from the WAL without a client_id (an anonymous or pre-owner submitter,
-  // whose connection did not survive the restart) answers to any owner: its key has no owner.
-  for (const std::string& o : {owner, std::string()}) {
-    const std::string key = GroupKey(o, group_id);
-    if (auto it = groups.find(key); it != groups.end()) return it->second.get();
-    if (parked_key != nullptr && wal && parked.count(key) != 0) {
-      *parked_key = key;
-      return nullptr;
-    }
-    if (!wal) break;
-  }
-  return nullptr;
+  return table.Find(owner, group_id, /*recovered=*/wal != nullptr, parked_key);
 }
 
 void Coordinator::State::OnSubmit(const std::string& client, const std::string& owner,
@@ -146,17 +129,13 @@ void Coordinator::State::OnSubmit(const std::string& client, const std::string& 
                          "), so that each sample's work item fits a replica message"),
                      gid);
   }
-  std::string key = GroupKey(owner, gid);
+  std::string key = GroupTable::Key(owner, gid);
   if (Status hs = journal->Healthy(); !hs.ok()) {
     return SendError(client, e->request_id(), hs, gid);
   }
   const uint64_t samples = uint64_t{m->prompts()->size()} * m->n();
-  if (works.size() + samples > options.max_queued) {
-    return SendError(client, e->request_id(),
-                     Status::Busy("coordinator queue is full (" + std::to_string(works.size()) +
-                                  " samples pending, limit " + std::to_string(options.max_queued) +
-                                  "); retry later"),
-                     gid);
+  if (Status rs = table.CheckRoom(samples, options.max_queued); !rs.ok()) {
+    return SendError(client, e->request_id(), rs, gid);
   }
   if (Status gs = journal->CheckGroupSize(samples); !gs.ok()) {
     return SendError(client, e->request_id(), gs, gid);
@@ -180,27 +159,15 @@ Coordinator::State::Group* Coordinator::State::NewGroup(const std::string& clien
                                                         const std::string& owner,
                                                         const std::string& key,
                                                         std::string_view bytes, uint64_t serial) {
-  auto g = std::make_unique<Group>();
-  g->client = client;
-  if (wal && !client.empty()) g->client_seen = ConnectionSeen(client);
-  g->owner = owner;
-  g->detached = client.empty();
-  g->key = key;
-  g->buffer.assign(bytes.data(), bytes.size());  // heap: malloc-aligned
-  g->submit = wire::GetEnvelope(g->buffer.data())->msg_as_SubmitRollouts();
-  g->group_id = g->submit->group_id();
-  g->total = g->submit->prompts()->size() * g->submit->n();
-  g->serial = serial;
-  Group* raw = g.get();
-  groups.emplace(key, std::move(g));
-  return raw;
+  return table.Add(client, wal && !client.empty() ? ConnectionSeen(client) : 0, owner, key, bytes,
+                   serial);
 }
 
 void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::TrajectoryLog* log,
                                  uint64_t needs_version) {
   const wire::Prompt* p = g->submit->prompts()->Get(i);
   Work w;
-  w.id = wal ? WalTrajId(g->serial, i * g->submit->n() + j) : next_work_id++;
+  w.id = wal ? WalTrajId(g->serial, i * g->submit->n() + j) : table.NextWorkId();
   w.group = g;
   w.prompt_index = i;
   w.sample_index = j;
@@ -233,20 +200,18 @@ void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::Tr
       w.inject = FormatResult(*g->submit, w.calls.back());  // replayed, never re-run
     }
   }
-  g->live.insert(w.id);
-  const uint64_t id = w.id;
-  auto [it, inserted] = works.emplace(id, std::move(w));
+  Work* added = table.AddWork(std::move(w));
   if (rerun) {
-    spdlog::info("coordinator: trajectory {} call {} has no logged result; running it again", id,
-                 it->second.calls.size() - 1);
-    StartCall(&it->second, static_cast<uint32_t>(it->second.calls.size() - 1));
+    spdlog::info("coordinator: trajectory {} call {} has no logged result; running it again",
+                 added->id, added->calls.size() - 1);
+    StartCall(added, static_cast<uint32_t>(added->calls.size() - 1));
     return;
   }
-  Enqueue(&it->second);
+  Enqueue(added);
 }
 
 void Coordinator::State::FinishGroupIfDone(Group* g) {
-  if (g->delivered + g->aborted < g->total || g->redelivering) return;
+  if (!GroupTable::Done(*g)) return;
   if (g->detached) {
     // Nobody to tell: with a WAL it waits, out of memory, for a re-attach or its Acks.
     if (wal) Park(g);
@@ -260,29 +225,24 @@ void Coordinator::State::FinishGroupIfDone(Group* g) {
   if (wal) {
     Park(g);  // destroys g
   } else {
-    groups.erase(g->key);  // destroys g
+    table.Remove(g);  // destroys g
   }
   if (!client.empty()) SendClient(client, BufferView(fbb));
 }
 
 void Coordinator::State::AbortGroup(Group* g) {
   std::map<int, std::vector<uint64_t>> per_replica;
-  for (uint64_t id : g->live) {
-    auto it = works.find(id);
-    if (it == works.end()) continue;
-    journal->OnWorkAborted(it->second);
-    if (it->second.replica >= 0) {
-      per_replica[it->second.replica].push_back(id);
-      replicas[it->second.replica].inflight.erase(id);
-    } else if (!it->second.tool_running) {
-      --queued;  // its queue entry is skipped lazily
+  table.AbortWorks(g, [&](Work& w) {
+    journal->OnWorkAborted(w);
+    if (w.replica >= 0) {
+      per_replica[w.replica].push_back(w.id);
+      replicas[w.replica].inflight.erase(w.id);
+    } else if (!w.tool_running) {
+      table.CountDequeued();  // its queue entry is skipped lazily
     } else {
       // A running tool call finishes on its own; OnToolsDone drops its result.
     }
-    works.erase(it);
-    ++g->aborted;
-  }
-  g->live.clear();
+  });
   if (g->redelivering) {  // a re-attach in progress: its GroupDone comes now
     g->redelivering = false;
     redelivering.erase(g->key);
@@ -316,8 +276,8 @@ void Coordinator::State::OnAbort(const std::string& client, const std::string& o
 
 void Coordinator::State::ClientGone(const std::string& client) {
   std::vector<Group*> gone;
-  for (auto& [k, g] : groups) {
-    if (g->client == client) gone.push_back(g.get());
+  for (Group* g : table.All()) {
+    if (g->client == client) gone.push_back(g);
   }
   if (!gone.empty()) {
     spdlog::warn("coordinator: client vanished; {} its {} live group(s)",
@@ -352,8 +312,8 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
   const double denom = static_cast<double>(total_cached + total_computed);
   uint32_t waiting = 0;
   for (const auto& [id, needs] : weights.held()) {
-    auto it = works.find(id);
-    waiting += it != works.end() && it->second.replica < 0 && !it->second.tool_running ? 1 : 0;
+    const Work* w = table.FindWork(id);
+    waiting += w != nullptr && w->replica < 0 && !w->tool_running ? 1 : 0;
   }
   flatbuffers::Offset<wire::Fingerprint> fp = 0;
   if (fingerprint) {
@@ -363,8 +323,8 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
     fp = FingerprintToWire(fbb, live);
   }
   auto reply = wire::CreateStatusReply(
-      fbb, kProtocolVersion, static_cast<uint32_t>(queued),
-      static_cast<uint32_t>(works.size() - queued), static_cast<uint32_t>(groups.size()),
+      fbb, kProtocolVersion, static_cast<uint32_t>(table.queued()),
+      static_cast<uint32_t>(table.InFlight()), static_cast<uint32_t>(table.size()),
       fbb.CreateVector(loads), rate.PerSecond(now),
       denom > 0 ? static_cast<double>(total_cached) / denom : 0.0, trajectories_done,
       weights.version(), paused || weights.draining(), wal != nullptr,
@@ -377,7 +337,7 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
 }
 
 void Coordinator::State::Dispatch() {
-  if (paused || weights.HoldsDispatch() || queued == 0) {
+  if (paused || weights.HoldsDispatch() || table.queued() == 0) {
     return;
   }
   const auto now = Clock::now();
@@ -399,12 +359,12 @@ void Coordinator::State::Dispatch() {
     shared.erase(r);
   };
   queue.Drain([&](uint64_t id) {
-    auto wit = works.find(id);
-    if (wit == works.end() || wit->second.replica >= 0) return FairQueue::Take::kStale;  // aborted
-    Work& w = wit->second;
+    Work* found = table.FindWork(id);
+    if (found == nullptr || found->replica >= 0) return FairQueue::Take::kStale;  // aborted
+    Work& w = *found;
     const int r = replicas.Choose(w.affinity);
     if (r < 0) return FairQueue::Take::kFull;
-    --queued;
+    table.CountDequeued();
     w.replica = r;
     w.needs_version = 0;
     w.queue_seconds += Seconds(now - w.enqueued);
@@ -487,7 +447,7 @@ void Coordinator::State::Run() {
       }
       journal->OnHousekeeping(now);
       Dispatch();
-      weights.MaybeSend(works.size() - queued);
+      weights.MaybeSend(table.InFlight());
       MaybeFinishDrain();
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) return;

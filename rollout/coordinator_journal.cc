@@ -15,7 +15,7 @@ Coordinator::State::State(zmq::context_t& ctx, const CoordinatorOptions& o)
       connections(kMaxTrackedConnections,
                   [this] {
                     std::vector<std::string> held;
-                    for (const auto& [key, g] : groups) held.push_back(g->client);
+                    for (const Group* g : table.All()) held.push_back(g->client);
                     return held;
                   }),
       weights(replicas, o.decode, o.stream_timeout_ms,
@@ -152,7 +152,7 @@ void Coordinator::State::ReportWalError(const Status& s) {
   wal_error_reported = true;
   spdlog::error("coordinator: WAL failed, no new work is accepted: {}", s.ToString());
   if (options.metrics) options.metrics->SetWalFailed(s.ToString());
-  for (auto& [k, g] : groups) {
+  for (Group* g : table.All()) {
     if (!g->client.empty()) {
       SendError(g->client, 0, s.WithContext("WAL failed; results not yet durable are held"),
                 g->group_id);
@@ -249,9 +249,8 @@ void Coordinator::State::CommitAndDeliver() {
   while (!held.empty() && held.front().lsn <= durable) {
     HeldDelivery d = std::move(held.front());
     held.pop_front();
-    auto git = groups.find(d.group_key);
-    if (git == groups.end()) continue;  // aborted meanwhile
-    Group* g = git->second.get();
+    Group* g = table.Find(d.group_key);
+    if (g == nullptr) continue;  // aborted meanwhile
     // The WAL counts a record's bytes when it commits: set them in the envelope built at finish
     // (Work -> BuildFinal with wal_bytes_slot), in place rather than encoding it again.
     const auto wal_bytes = static_cast<int64_t>(wal->Bytes(d.traj));

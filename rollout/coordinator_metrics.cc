@@ -8,9 +8,9 @@ void Coordinator::State::PublishMetrics(Clock::time_point now) {
   if (now - metrics_published < std::chrono::milliseconds(100)) return;
   metrics_published = now;
   CoordinatorSnapshot s;
-  s.queued = queued;
-  s.inflight = works.size() - queued;
-  s.groups = groups.size();
+  s.queued = table.queued();
+  s.inflight = table.InFlight();
+  s.groups = table.size();
   s.weight_version = weights.version();
   s.replicas.reserve(replicas.size());
   for (const Replica& r : replicas) {

@@ -31,7 +31,7 @@ void Coordinator::State::OnDrain(const std::string& client, uint64_t request_id,
 }
 
 void Coordinator::State::MaybeFinishDrain() {
-  if (drain_waiters.empty() || works.size() - queued > 0) return;
+  if (drain_waiters.empty() || table.InFlight() > 0) return;
   for (auto& [c, id] : drain_waiters) SendAck(c, id, weights.version());
   drain_waiters.clear();
 }
@@ -115,9 +115,9 @@ void Coordinator::State::ReplicaDead(int r, const char* why) {
   std::vector<uint64_t> ids(rep.inflight.begin(), rep.inflight.end());
   std::sort(ids.begin(), ids.end(), std::greater<>());
   for (uint64_t id : ids) {
-    auto it = works.find(id);
-    if (it == works.end()) continue;
-    Work& w = it->second;
+    Work* found = table.FindWork(id);
+    if (found == nullptr) continue;
+    Work& w = *found;
     w.replica = -1;
     w.enqueued = Clock::now();
     Enqueue(&w, /*front=*/true);
@@ -144,9 +144,9 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
   const auto now = Clock::now();
   if (const auto* chunks = res->chunks()) {
     for (const wire::TokenChunk* c : *chunks) {
-      auto it = works.find(c->work_id());
-      if (it == works.end() || it->second.replica != r) continue;
-      Work& w = it->second;
+      Work* found = table.FindWork(c->work_id());
+      if (found == nullptr || found->replica != r) continue;
+      Work& w = *found;
       Group* g = w.group;
       // Positions for the client count every token after the prompt (earlier turns included).
       auto offset = static_cast<int32_t>(w.ctx_ids.size());
@@ -165,21 +165,19 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
   const auto* trajs = res->trajectories();
   if (trajs == nullptr) return;
   for (const wire::Trajectory* t : *trajs) {
-    auto it = works.find(t->work_id());
-    if (it == works.end() || it->second.replica != r) continue;  // aborted or re-dispatched
-    replicas[r].inflight.erase(it->second.id);
-    it->second.replica = -1;
+    Work* found = table.FindWork(t->work_id());
+    if (found == nullptr || found->replica != r) continue;  // aborted or re-dispatched
+    replicas[r].inflight.erase(found->id);
+    found->replica = -1;
     if (options.metrics && t->ids()) {  // sampled tokens: those forced on a resume are not new
       options.metrics->TurnFinished(t->ids()->size() -
-                                    std::min<size_t>(t->ids()->size(), it->second.forced));
+                                    std::min<size_t>(t->ids()->size(), found->forced));
     }
     // Not streamed (a replica that sends no chunks): the injected ids ride on the trajectory.
-    if (t->injected_ids()) OnInjected(&it->second, *t->injected_ids());
-    if (ContinueToolLoop(&it->second, *t)) continue;  // a tool call runs; the next turn follows
-    Work w = std::move(it->second);
-    works.erase(it);
+    if (t->injected_ids()) OnInjected(found, *t->injected_ids());
+    if (ContinueToolLoop(found, *t)) continue;  // a tool call runs; the next turn follows
+    const Work w = table.TakeWork(found);
     Group* g = w.group;
-    g->live.erase(w.id);
     const Cost turn_cost = CostFromWire(t->cost());
     Cost cost = w.cost;
     cost.Add(turn_cost);
@@ -204,8 +202,7 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
       envelope.assign(BufferView(fbb));
     }
     if (journal->OnTrajectoryFinished(w, *t, &envelope)) continue;
-    ++g->delivered;
-    if (failed) ++g->errors;
+    GroupTable::CountDelivered(g, failed, 0);
     if (!g->client.empty()) SendClient(g->client, envelope);
     FinishGroupIfDone(g);
   }

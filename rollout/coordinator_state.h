@@ -1,8 +1,10 @@
 // rollout/coordinator_state.h: the coordinator's internal state (one object, owned by the
 // coordinator thread). Internal to rollout/coordinator*.cc; the public face is coordinator.h.
-// Its parts own their data and are testable alone: ReplicaSet (replica_set.h), ClientOutbox
+// Its parts own their data and are testable alone: GroupTable (group_table.h: groups, works,
+// admission room, done counts, parked groups), ReplicaSet (replica_set.h), ClientOutbox
 // (client_outbox.h), ConnectionAges (connection_ages.h) and WeightsGate (weights_gate.h: the live
-// weights, the update in flight, the version gate of queued work). Its methods live in five
+// weights, the update in flight, the version gate of queued work); State routes messages
+// between them. Its methods live in five
 // files by concern: coordinator.cc (clients, groups, dispatch, the loop),
 // coordinator_replicas.cc (replica messages, drain), coordinator_weights.cc (the glue to the
 // weights gate and the records of the live weights), coordinator_wal.cc (durable delivery,
@@ -30,6 +32,7 @@
 #include "rollout/client_outbox.h"
 #include "rollout/connection_ages.h"
 #include "rollout/fair_queue.h"
+#include "rollout/group_table.h"
 #include "rollout/messages.h"
 #include "rollout/metrics.h"
 #include "rollout/rate_meter.h"
@@ -85,70 +88,10 @@ using coordinator_internal::OwnerOf;
 using coordinator_internal::ReplicaMessageLimit;
 
 struct Coordinator::State {
-  struct Group {
-    std::string client;        // routing id of the DEALER that gets its results (empty: detached)
-    uint64_t client_seen = 0;  // ConnectionSeen(client) when it became the group's client
-    std::string owner;         // OwnerOf() of the submitter; key = owner + group id
-    std::string key;
-    std::string buffer;  // the SubmitRollouts envelope, kept for building work items
-    const wire::SubmitRollouts* submit = nullptr;  // points into buffer
-    uint64_t group_id = 0;
-    uint32_t total = 0, delivered = 0, errors = 0, aborted = 0, acked = 0;
-    std::unordered_set<uint64_t> live;  // work ids not yet finished
-    Cost cost;
-    // WAL mode only.
-    uint64_t serial = 0;         // the group's serial in the WAL (trajectory id prefix)
-    bool detached = false;       // no client: deliveries wait for a re-attach (same group id)
-    bool group_pending = false;  // its AppendGroup record is not yet acknowledged
-    uint32_t unheadered = 0;     // samples without a trajectory header yet
-    std::map<uint32_t, std::string> sent;  // flat index -> delivered envelope (until Ack)
-    // Re-delivery after a re-attach, paced by the client's output buffer (PumpRedelivery):
-    // flats below `cursor` were re-sent; from_wal: a parked group brought back, whose
-    // trajectories are read from the WAL instead of `sent`.
-    bool redelivering = false;
-    bool from_wal = false;
-    uint32_t cursor = 0;
-  };
-  // A finished WAL group out of memory (its trajectories are in the WAL until acknowledged):
-  // what a late Ack, a re-attach and the retention bound need. A re-submit of its id by its
-  // owner re-attaches to it; once every trajectory is acknowledged it is forgotten (the id is
-  // free for a new group).
-  struct Parked {
-    uint64_t serial = 0, group_id = 0;
-    uint32_t n = 0, total = 0, delivered = 0, errors = 0, aborted = 0, acked = 0;
-    Cost cost;
-    Clock::time_point since;
-  };
-  struct Work {
-    uint64_t id = 0;
-    Group* group = nullptr;
-    uint32_t prompt_index = 0, sample_index = 0;
-    uint64_t affinity = 0;  // prompt hash
-    Clock::time_point enqueued;
-    double queue_seconds = 0.0;
-    int replica = -1;  // index into replicas while dispatched
-    // WAL mode only: the logged tokens (re-dispatched as forced on resume / failover).
-    bool header_logged = false;
-    std::vector<int32_t> tokens;
-    std::vector<float> logprobs;
-    uint32_t forced = 0;  // forced tokens of the current dispatch
-    // Tool loop (coordinator_tools.cc). ctx_*: every token of the finished turns, sampled and
-    // injected (the injected result of the current turn once the replica reported its ids).
-    std::vector<int32_t> ctx_ids;
-    std::vector<float> ctx_lps;
-    std::vector<uint8_t> ctx_mask;
-    std::vector<wire::VersionSpan> ctx_versions;  // begin indexes into ctx_ids
-    uint32_t sampled_base = 0;  // sampled tokens before the current turn (WAL token index)
-    int32_t turn = 1;           // the current model turn, 1-based
-    uint32_t boundaries = 0;    // turn boundaries logged (injections applied)
-    std::string inject;         // the current turn's result text until the replica's ids arrive
-    std::vector<ToolOutcome> calls;
-    bool tool_running = false;  // in the tool runner: neither queued nor dispatched
-    Cost cost;                  // engine cost of the finished turns + sandbox cost
-    // WAL recovery: the weights version of its last logged tokens; it is not dispatched while
-    // the live version is older (0: no constraint; cleared once dispatched).
-    uint64_t needs_version = 0;
-  };
+  // Groups, works and parked groups: rollout/group_table.h.
+  using Group = GroupEntry;
+  using Work = WorkEntry;
+  using Parked = ParkedGroup;
   struct HeldDelivery {  // finished, waiting for its finish record to be durable
     uint64_t traj = 0;
     std::string group_key;
@@ -166,10 +109,9 @@ struct Coordinator::State {
   // In-process replicas that said hello; Coordinator::Start waits for all of them.
   std::atomic<int> local_replicas_joined{0};
 
-  std::unordered_map<std::string, std::unique_ptr<Group>> groups;
-  std::unordered_map<uint64_t, Work> works;
-  FairQueue queue;  // work ids waiting for a replica (rollout/fair_queue.h)
-  uint64_t queued = 0;
+  // Groups and their works, admission room, done counts, parked groups (rollout/group_table.h).
+  GroupTable table;
+  FairQueue queue;      // work ids waiting for a replica (rollout/fair_queue.h)
   ReplicaSet replicas;  // rollout/replica_set.h: joins, choice, unreachable ones
   // Replies to clients (rollout/client_outbox.h): queued past ZeroMQ's high-water mark; its slow
   // and gone connections are handled between loop iterations (HandleFailures).
@@ -180,8 +122,7 @@ struct Coordinator::State {
   // Groups re-delivering after a re-attach (keys), pumped as their client's output drains.
   std::unordered_set<std::string> redelivering;
   std::vector<uint64_t> align_buf;  // AlignForRead storage for the message being handled
-  uint64_t next_work_id = 1;
-  bool paused = false;  // Drain
+  bool paused = false;              // Drain
   std::vector<std::pair<std::string, uint64_t>> drain_waiters;
   // The live weights, the update in flight and the version gate of queued work
   // (rollout/weights_gate.h); coordinator_weights.cc is the glue.
@@ -198,10 +139,6 @@ struct Coordinator::State {
   uint64_t next_serial = 1;
   int32_t eos_id = -1;
   bool wal_error_reported = false;
-  // Finished WAL groups out of memory, by group key; parked_order: oldest first (lazily pruned)
-  // for the retention bound (options.retention).
-  std::unordered_map<std::string, Parked> parked;
-  std::deque<std::pair<Clock::time_point, std::string>> parked_order;
   Clock::time_point last_retention_check;
   bool recovering = false;  // RecoverFromWal runs: groups are not finished (parked) yet
 
@@ -232,9 +169,6 @@ struct Coordinator::State {
 
   void OnClient(const std::string& client, const zmq::message_t& msg);
 
-  // The group key: owner (OwnerOf) + group id. docs/protocol.md "Owners".
-  static std::string GroupKey(const std::string& owner, uint64_t group_id);
-
   // The live group, or (WAL) the recovered group logged without a client_id, that `owner` names
   // by `group_id`; null when none. `parked_key` (optional) gets the key of a parked one.
   Group* FindGroup(const std::string& owner, uint64_t group_id, std::string* parked_key = nullptr);
@@ -242,7 +176,7 @@ struct Coordinator::State {
   void OnSubmit(const std::string& client, const std::string& owner, const wire::Envelope* e,
                 const void* data, size_t size);
 
-  // A group from a verified SubmitRollouts envelope `bytes`; no samples yet.
+  // A group from a verified SubmitRollouts envelope `bytes`; no samples yet (GroupTable::Add).
   Group* NewGroup(const std::string& client, const std::string& owner, const std::string& key,
                   std::string_view bytes, uint64_t serial);
 

@@ -110,12 +110,11 @@ void Coordinator::State::OnToolsDone() {
   if (tools == nullptr) return;
   for (ToolDone& d : tools->TakeDone()) {
     if (options.metrics) options.metrics->SandboxCall(d.result);
-    auto it = works.find(d.work_id);
-    if (it == works.end() || !it->second.tool_running ||
-        d.call_index + 1 != it->second.calls.size()) {
+    Work* w = table.FindWork(d.work_id);
+    if (w == nullptr || !w->tool_running || d.call_index + 1 != w->calls.size()) {
       continue;  // aborted meanwhile
     }
-    FinishCall(&it->second, d.call_index, &d.result);
+    FinishCall(w, d.call_index, &d.result);
   }
 }
 

@@ -6,9 +6,7 @@ namespace bitroll::rollout {
 
 void Coordinator::State::Deliver(Group* g, uint32_t flat, std::string envelope, bool failed,
                                  int64_t wal_bytes) {
-  ++g->delivered;
-  if (failed) ++g->errors;
-  g->cost.wal_bytes += wal_bytes;
+  GroupTable::CountDelivered(g, failed, wal_bytes);
   // While a re-attach re-sends the group, trajectories at or past its cursor go out with it.
   const bool now = !g->client.empty() && !(g->redelivering && flat >= g->cursor);
   if (now) SendClient(g->client, envelope);
@@ -29,8 +27,7 @@ void Coordinator::State::Reattach(Group* g, const std::string& client) {
 }
 
 void Coordinator::State::ReattachParked(const std::string& key, const std::string& client) {
-  const Parked p = parked[key];
-  parked.erase(key);
+  const Parked p = table.TakeParked(key);
   std::string request;  // the group's request, from any of its logged trajectories
   for (uint32_t flat = 0; flat < p.total && request.empty(); ++flat) {
     if (!wal->Known(WalTrajId(p.serial, flat))) continue;
@@ -47,7 +44,7 @@ void Coordinator::State::ReattachParked(const std::string& key, const std::strin
     SendClient(client, BufferView(fbb));
     return;
   }
-  Group* g = NewGroup(client, key.substr(0, key.size() - sizeof(uint64_t)), key, request, p.serial);
+  Group* g = NewGroup(client, GroupTable::OwnerOfKey(key), key, request, p.serial);
   g->delivered = p.delivered;
   g->errors = p.errors;
   g->aborted = p.aborted;
@@ -65,12 +62,11 @@ void Coordinator::State::PumpRedelivery() {
   const size_t room = options.max_client_buffer_bytes / 2;
   std::vector<std::string> keys(redelivering.begin(), redelivering.end());
   for (const std::string& key : keys) {
-    auto git = groups.find(key);
-    if (git == groups.end() || !git->second->redelivering || git->second->client.empty()) {
+    Group* g = table.Find(key);
+    if (g == nullptr || !g->redelivering || g->client.empty()) {
       redelivering.erase(key);
       continue;
     }
-    Group* g = git->second.get();
     const std::string client = g->client;
     const uint32_t n = g->submit->n();
     const std::string tag = g->submit->client_tag() ? g->submit->client_tag()->str() : "";
@@ -110,51 +106,20 @@ void Coordinator::State::PumpRedelivery() {
 }
 
 void Coordinator::State::Park(Group* g) {
-  const std::string key = g->key;
-  if (g->acked + g->aborted < g->total) {
-    Parked& p = parked[key];
-    p.serial = g->serial;
-    p.group_id = g->group_id;
-    p.n = g->submit->n();
-    p.total = g->total;
-    p.delivered = g->delivered;
-    p.errors = g->errors;
-    p.aborted = g->aborted;
-    p.acked = g->acked;
-    p.cost = g->cost;
-    p.since = Clock::now();
-    parked_order.emplace_back(p.since, key);
-  }
-  groups.erase(key);  // destroys g
+  table.Park(g, Clock::now());  // destroys g
 }
 
 void Coordinator::State::EnforceRetention() {
-  const auto now = Clock::now();
-  const auto max_age = std::chrono::seconds(options.retention.max_age_s);
-  while (!parked_order.empty()) {
-    const auto [since, key] = parked_order.front();
-    auto it = parked.find(key);
-    if (it == parked.end() || it->second.since != since) {  // re-attached or acknowledged
-      parked_order.pop_front();
-      continue;
-    }
-    const bool too_many = parked.size() > options.retention.max_groups;
-    if (!too_many && now - since <= max_age) break;
-    const Parked& p = it->second;
+  for (const GroupTable::Expired& e :
+       table.Expire(Clock::now(), std::chrono::seconds(options.retention.max_age_s),
+                    options.retention.max_groups)) {
+    const Parked& p = e.group;
     spdlog::warn(
         "coordinator: retention: discarding group={} from the WAL: {} of its {} trajectories "
         "were never acknowledged ({})",
         p.group_id, p.delivered - p.acked, p.total,
-        too_many ? "more finished groups than retention.max_groups" : "older than max_age_s");
+        e.too_many ? "more finished groups than retention.max_groups" : "older than max_age_s");
     for (uint32_t flat = 0; flat < p.total; ++flat) (void)wal->Discard(WalTrajId(p.serial, flat));
-    parked.erase(it);
-    parked_order.pop_front();
-  }
-  if (parked_order.size() > 2 * parked.size() + 1024) {  // drop stale entries
-    std::erase_if(parked_order, [&](const auto& e) {
-      auto it = parked.find(e.second);
-      return it == parked.end() || it->second.since != e.first;
-    });
   }
 }
 
@@ -174,7 +139,7 @@ void Coordinator::State::OnClientAck(const std::string& client, const std::strin
   if (!wal || pis == nullptr) return;
   std::string parked_key;  // the same lookup as a re-attach: live group, else parked
   Group* g = FindGroup(owner, a->group_id(), &parked_key);
-  Parked* p = g == nullptr && !parked_key.empty() ? &parked[parked_key] : nullptr;
+  Parked* p = g == nullptr && !parked_key.empty() ? table.FindParked(parked_key) : nullptr;
   if (g == nullptr && p == nullptr) return;
   const uint64_t serial = g ? g->serial : p->serial;
   const uint32_t n = g ? g->submit->n() : p->n;
@@ -192,7 +157,7 @@ void Coordinator::State::OnClientAck(const std::string& client, const std::strin
     }
     ++(g ? g->acked : p->acked);
   }
-  if (p != nullptr && p->acked + p->aborted >= p->total) parked.erase(parked_key);
+  if (p != nullptr && p->acked + p->aborted >= p->total) table.ForgetParked(parked_key);
 }
 
 Status Coordinator::State::RecoverFromWal() {
@@ -213,8 +178,8 @@ Status Coordinator::State::RecoverFromWal() {
     // Its owner: the client_id it was submitted with; none: any client may re-attach.
     const auto* cid = (*env)->client_id();
     const std::string owner = cid != nullptr && cid->size() > 0 ? "c" + cid->str() : "";
-    const std::string key = GroupKey(owner, gid);
-    if (groups.count(key)) {
+    const std::string key = GroupTable::Key(owner, gid);
+    if (table.Find(key) != nullptr) {
       spdlog::error("coordinator: WAL holds group id {} twice; serial {} skipped", gid, serial);
       return nullptr;
     }

@@ -19,11 +19,11 @@ namespace bitroll::rollout {
 void Coordinator::State::OnUpdateWeights(const std::string& client, const wire::Envelope* e,
                                          const void* data, size_t size) {
   weights.OnUpdate(client, e, data, size);
-  weights.MaybeSend(works.size() - queued);
+  weights.MaybeSend(table.InFlight());
 }
 
 void Coordinator::State::Enqueue(Work* w, bool front) {
-  ++queued;
+  table.CountQueued();
   if (!weights.Admit(w->id, w->needs_version)) return;  // RecoverFromWal logs how many wait
   queue.Push(w->group->submit->priority(), w->group->key, w->id, front);
 }
@@ -31,9 +31,9 @@ void Coordinator::State::Enqueue(Work* w, bool front) {
 void Coordinator::State::ReleaseWaitingWork() {
   const std::vector<uint64_t> runnable = weights.TakeRunnable();
   for (uint64_t id : runnable) {
-    auto it = works.find(id);
-    if (it == works.end()) continue;  // aborted meanwhile (AbortGroup counted it)
-    queue.Push(it->second.group->submit->priority(), it->second.group->key, id);
+    const Work* w = table.FindWork(id);
+    if (w == nullptr) continue;  // aborted meanwhile (AbortGroup counted it)
+    queue.Push(w->group->submit->priority(), w->group->key, id);
   }
   if (!runnable.empty()) {
     spdlog::info("coordinator: weights version={} live: {} waiting trajectories queued",

@@ -3,6 +3,40 @@
 
 namespace bitroll::rollout {
 
+Coordinator::State::State(zmq::context_t& ctx, const CoordinatorOptions& o)
+    : options(o),
+      front(ctx, zmq::socket_type::router),
+      back(ctx, zmq::socket_type::router),
+      outbox([this](const std::string& c, std::string_view b) { return SendFront(c, b); },
+             o.max_client_buffer_bytes,
+             o.wal.dir.empty() ? "aborted" : "detached (re-attach to get them)"),
+      connections(kMaxTrackedConnections,
+                  [this] {
+                    std::vector<std::string> held;
+                    for (const Group* g : table.All()) held.push_back(g->client);
+                    return held;
+                  }),
+      weights(replicas, o.decode, o.stream_timeout_ms,
+              WeightsGate::Hooks{
+                  [this](int r, std::string_view b) { SendReplicaBytes(r, b); },
+                  [this](const std::string& c, uint64_t id, const Status& st, uint64_t v) {
+                    if (st.ok()) return SendAck(c, id, v);
+                    SendError(c, id, st);
+                  },
+                  [this](const WeightsGate::Installed& w) {
+                    journal->OnWeightsInstalled(w);
+                    ReleaseWaitingWork();
+                  }}),
+      journal(std::make_unique<Journal>(
+          Journal::Options{o.wal.dir, std::chrono::seconds(o.retention.max_age_s),
+                           o.retention.max_groups},
+          table, weights, fingerprint,
+          Journal::Hooks{[this](Group* g, uint32_t flat, std::string envelope, bool failed,
+                                int64_t wal_bytes) {
+                           Deliver(g, flat, std::move(envelope), failed, wal_bytes);
+                         },
+                         [this](const Status& s) { ReportWalError(s); }})) {}
+
 void Coordinator::State::SendClient(const std::string& client, std::string_view bytes) {
   outbox.Send(client, bytes);
 }
@@ -55,15 +89,15 @@ void Coordinator::State::OnClient(const std::string& client, const zmq::message_
         Status::ResourceExhausted(
             "this connection was dropped for not reading its replies (more than " +
             std::to_string(options.max_client_buffer_bytes) + " bytes unread); its groups were " +
-            (wal ? "detached: re-submit a group id with the same client_id to re-attach"
-                 : "aborted")));
+            (wal() ? "detached: re-submit a group id with the same client_id to re-attach"
+                   : "aborted")));
   }
   if (e->client_id() && e->client_id()->size() > kMaxClientIdBytes) {
     return SendError(client, e->request_id(),
                      Status::InvalidArgument("client_id is longer than " +
                                              std::to_string(kMaxClientIdBytes) + " bytes"));
   }
-  if (wal) (void)ConnectionSeen(client);  // a connection's age counts from its first message
+  if (wal()) (void)ConnectionSeen(client);  // a connection's age counts from its first message
   const std::string owner = OwnerOf(client, *e);
   switch (e->msg_type()) {
     case wire::Message_SubmitRollouts:
@@ -89,7 +123,7 @@ void Coordinator::State::OnClient(const std::string& client, const zmq::message_
 Coordinator::State::Group* Coordinator::State::FindGroup(const std::string& owner,
                                                          uint64_t group_id,
                                                          std::string* parked_key) {
-  return table.Find(owner, group_id, /*recovered=*/wal != nullptr, parked_key);
+  return table.Find(owner, group_id, /*recovered=*/wal() != nullptr, parked_key);
 }
 
 void Coordinator::State::OnSubmit(const std::string& client, const std::string& owner,
@@ -100,7 +134,7 @@ void Coordinator::State::OnSubmit(const std::string& client, const std::string& 
   if (!s.ok()) return SendError(client, e->request_id(), s, gid);
   std::string parked_key;
   if (Group* g = FindGroup(owner, gid, &parked_key)) {
-    if (wal && g->client != client && !g->client.empty() &&
+    if (wal() && g->client != client && !g->client.empty() &&
         ConnectionSeen(client) < g->client_seen) {
       // ZeroMQ orders messages per connection only: this Submit of an older connection (one
       // that may be closed, its Submit still in flight) arrived after a newer connection of the
@@ -112,7 +146,7 @@ void Coordinator::State::OnSubmit(const std::string& client, const std::string& 
                                      " is attached to a newer connection of this owner"),
           gid);
     }
-    if (wal && g->client != client) return Reattach(g, client);
+    if (wal() && g->client != client) return Reattach(g, client);
     return SendError(client, e->request_id(),
                      Status::InvalidArgument("group " + std::to_string(gid) + " is still live"),
                      gid);
@@ -159,7 +193,7 @@ Coordinator::State::Group* Coordinator::State::NewGroup(const std::string& clien
                                                         const std::string& owner,
                                                         const std::string& key,
                                                         std::string_view bytes, uint64_t serial) {
-  return table.Add(client, wal && !client.empty() ? ConnectionSeen(client) : 0, owner, key, bytes,
+  return table.Add(client, wal() && !client.empty() ? ConnectionSeen(client) : 0, owner, key, bytes,
                    serial);
 }
 
@@ -167,7 +201,7 @@ void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::Tr
                                  uint64_t needs_version) {
   const wire::Prompt* p = g->submit->prompts()->Get(i);
   Work w;
-  w.id = wal ? WalTrajId(g->serial, i * g->submit->n() + j) : table.NextWorkId();
+  w.id = wal() ? WalTrajId(g->serial, i * g->submit->n() + j) : table.NextWorkId();
   w.group = g;
   w.prompt_index = i;
   w.sample_index = j;
@@ -214,7 +248,7 @@ void Coordinator::State::FinishGroupIfDone(Group* g) {
   if (!GroupTable::Done(*g)) return;
   if (g->detached) {
     // Nobody to tell: with a WAL it waits, out of memory, for a re-attach or its Acks.
-    if (wal) Park(g);
+    if (wal()) Park(g);
     return;
   }
   flatbuffers::FlatBufferBuilder fbb(256);
@@ -222,7 +256,7 @@ void Coordinator::State::FinishGroupIfDone(Group* g) {
                                     CostToWire(fbb, g->cost));
   FinishEnvelope(fbb, 0, wire::Message_GroupDone, done.Union());
   std::string client = g->client;
-  if (wal) {
+  if (wal()) {
     Park(g);  // destroys g
   } else {
     table.Remove(g);  // destroys g
@@ -281,13 +315,13 @@ void Coordinator::State::ClientGone(const std::string& client) {
   }
   if (!gone.empty()) {
     spdlog::warn("coordinator: client vanished; {} its {} live group(s)",
-                 wal ? "detaching" : "aborting", gone.size());
+                 wal() ? "detaching" : "aborting", gone.size());
   }
   outbox.Forget(client);
   connections.Forget(client);
   for (Group* g : gone) {
     g->client.clear();  // GroupDone goes nowhere
-    if (wal) {
+    if (wal()) {
       g->detached = true;  // work goes on; a re-attach gets the results
       if (g->redelivering) {
         g->redelivering = false;
@@ -322,16 +356,17 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
     if (weights.live_weights_hash() != 0) live.weights_hash = weights.live_weights_hash();
     fp = FingerprintToWire(fbb, live);
   }
+  const WalLog* log = wal();
   auto reply = wire::CreateStatusReply(
       fbb, kProtocolVersion, static_cast<uint32_t>(table.queued()),
       static_cast<uint32_t>(table.InFlight()), static_cast<uint32_t>(table.size()),
       fbb.CreateVector(loads), rate.PerSecond(now),
       denom > 0 ? static_cast<double>(total_cached) / denom : 0.0, trajectories_done,
-      weights.version(), paused || weights.draining(), wal != nullptr,
-      wal ? wal->counters.tokens_logged : 0, wal ? wal->counters.recovered_tokens : 0,
-      wal ? wal->counters.forced_tokens : 0, wal ? wal->counters.resumed : 0,
-      wal ? wal->counters.forced_mismatches : 0, wal ? wal->stats().bytes_written : 0,
-      wal && !wal->status().ok() ? ErrorToWire(fbb, wal->status()) : 0, waiting, fp);
+      weights.version(), paused || weights.draining(), log != nullptr,
+      log ? log->counters.tokens_logged : 0, log ? log->counters.recovered_tokens : 0,
+      log ? log->counters.forced_tokens : 0, log ? log->counters.resumed : 0,
+      log ? log->counters.forced_mismatches : 0, log ? log->stats().bytes_written : 0,
+      log && !log->status().ok() ? ErrorToWire(fbb, log->status()) : 0, waiting, fp);
   FinishEnvelope(fbb, request_id, wire::Message_StatusReply, reply.Union());
   SendClient(client, BufferView(fbb));
 }
@@ -381,7 +416,7 @@ void Coordinator::State::Dispatch() {
     sh.request = w.group->submit;
     batch.second.push_back(BuildWorkItem(*batch.first, *w.group->submit, w.id,
                                          {w.group->group_id, w.prompt_index, w.sample_index},
-                                         forced, wal != nullptr, later ? &turn : nullptr, &sh));
+                                         forced, wal() != nullptr, later ? &turn : nullptr, &sh));
     if (batch.first->GetSize() >= cut) send_batch(r);
     return FairQueue::Take::kTaken;
   });
@@ -507,10 +542,11 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(
                c->replica_endpoint_);
   BR_ASSIGN_OR_RETURN(s.tools, ToolRunner::Start(options.tools));
   if (!options.wal.dir.empty()) {
-    BR_ASSIGN_OR_RETURN(s.wal, WalLog::Open(options.wal));
-    s.wal->metrics = options.metrics;
+    BR_ASSIGN_OR_RETURN(std::unique_ptr<WalLog> wal, WalLog::Open(options.wal));
+    wal->metrics = options.metrics;
+    s.journal->Attach(std::move(wal));
     if (!engines.empty()) s.eos_id = engines[0]->info().eos_id;
-    s.RestoreLiveWeights();
+    s.journal->RestoreLiveWeights();
     BR_RETURN_IF_ERROR(s.RecoverFromWal());
   }
   c->engines_ = std::move(engines);

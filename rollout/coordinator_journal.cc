@@ -1,49 +1,51 @@
 // What the coordinator logs when (the table is in rollout/coordinator_journal.h): the Journal's
-// events, each deciding what goes to the WAL and what waits for durability, then the logging
-// itself (State::LogDispatch, LogChunk, LogFinish, CommitAndDeliver).
+// events, each deciding what goes to the WAL and what waits for durability, the delivery of
+// durable trajectories, retention, and the records of the live weights.
 #include "rollout/coordinator_journal.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "rollout/weights_registry.h"
 
 namespace bitroll::rollout {
 
-Coordinator::State::State(zmq::context_t& ctx, const CoordinatorOptions& o)
-    : options(o),
-      front(ctx, zmq::socket_type::router),
-      back(ctx, zmq::socket_type::router),
-      outbox([this](const std::string& c, std::string_view b) { return SendFront(c, b); },
-             o.max_client_buffer_bytes,
-             o.wal.dir.empty() ? "aborted" : "detached (re-attach to get them)"),
-      connections(kMaxTrackedConnections,
-                  [this] {
-                    std::vector<std::string> held;
-                    for (const Group* g : table.All()) held.push_back(g->client);
-                    return held;
-                  }),
-      weights(replicas, o.decode, o.stream_timeout_ms,
-              WeightsGate::Hooks{
-                  [this](int r, std::string_view b) { SendReplicaBytes(r, b); },
-                  [this](const std::string& c, uint64_t id, const Status& st, uint64_t v) {
-                    if (st.ok()) return SendAck(c, id, v);
-                    SendError(c, id, st);
-                  },
-                  [this](const WeightsGate::Installed& w) {
-                    journal->OnWeightsInstalled(w);
-                    ReleaseWaitingWork();
-                  }}),
-      journal(std::make_unique<Journal>(*this)) {}
+Journal::Journal(Options options, GroupTable& table, WeightsGate& weights,
+                 const std::optional<NumericsFingerprint>& fingerprint, Hooks hooks)
+    : options_(std::move(options)),
+      table_(table),
+      weights_(weights),
+      fingerprint_(fingerprint),
+      hooks_(std::move(hooks)) {}
 
-// ---- events ----
+void Journal::Check(const Status& s) {
+  if (s.ok()) return;
+  const Status sticky = wal_->status().ok() ? s : wal_->status();
+  if (error_reported_) return;
+  error_reported_ = true;
+  spdlog::error("coordinator: WAL failed, no new work is accepted: {}", sticky.ToString());
+  hooks_.failed(sticky);
+}
 
-using Journal = Coordinator::State::Journal;
+// ---- admission ----
 
 Status Journal::Healthy() const {
-  if (s_.wal && !s_.wal->status().ok()) {
-    return s_.wal->status().WithContext("WAL failed; not accepting new work");
+  if (wal_ && !wal_->status().ok()) {
+    return wal_->status().WithContext("WAL failed; not accepting new work");
   }
   return Status::Ok();
 }
 
 Status Journal::CheckGroupSize(uint64_t samples) const {
-  if (s_.wal && samples > kWalMaxSamples) {
+  if (wal_ && samples > kWalMaxSamples) {
     return Status::InvalidArgument("a group has at most " + std::to_string(kWalMaxSamples) +
                                    " samples when the WAL is on");
   }
@@ -53,128 +55,30 @@ Status Journal::CheckGroupSize(uint64_t samples) const {
 Status Journal::OnGroupAdmitted(std::string_view request, uint64_t* serial, bool* pending) {
   *serial = 0;
   *pending = false;
-  if (!s_.wal) return Status::Ok();
+  if (!wal_) return Status::Ok();
   // Logged before anything about the group is acknowledged (no trajectory is delivered
   // before its own records, which follow this one, are durable).
-  *serial = s_.next_serial++;
-  Status ls = s_.wal->LogGroup(*serial, request);
+  *serial = next_serial_++;
+  Status ls = wal_->LogGroup(*serial, request);
   if (!ls.ok()) return ls.WithContext("WAL append");
   *pending = true;
   return Status::Ok();
 }
 
+// ---- per trajectory ----
+
 void Journal::OnDispatched(Work* w) {
-  if (s_.wal) s_.LogDispatch(w);
-}
-
-void Journal::OnChunk(Work* w, const wire::TokenChunk& c) {
-  if (s_.wal) s_.LogChunk(w, c);
-}
-
-void Journal::OnTurnEnded(Work* w, const wire::Trajectory& t) {
-  if (!s_.wal) return;
-  const uint32_t n = t.ids() ? t.ids()->size() : 0;
-  // The turn's tokens not streamed yet, then the call: the call's token_index is the turn end.
-  const size_t logged = w->tokens.size() - w->sampled_base;
-  if (n > logged) {
-    const int32_t* ids = t.ids()->data() + logged;
-    const float* lps = t.logprobs()->data() + logged;
-    const size_t k = n - logged;
-    w->tokens.insert(w->tokens.end(), ids, ids + k);
-    w->logprobs.insert(w->logprobs.end(), lps, lps + k);
-    s_.CheckWal(s_.wal->LogTokens(w->id, {ids, k}, {lps, k}, s_.weights.version()));
-  }
-}
-
-void Journal::OnToolCallStarted(const Work& w, const ToolOutcome& o, uint32_t index) {
-  if (s_.wal) s_.CheckWal(s_.wal->LogToolCall(w.id, ToWalCall(o, index)));
-}
-
-void Journal::OnToolCallFinished(const Work& w, const ToolOutcome& o, uint32_t index) {
-  if (s_.wal) s_.CheckWal(s_.wal->LogToolResult(w.id, ToWalResult(o, index)));
-}
-
-void Journal::OnTurnBoundary(const Work& w, const flatbuffers::Vector<int32_t>& ids) {
-  if (!s_.wal) return;
-  wal::TurnBoundary b;
-  b.turn_index = w.boundaries;
-  b.injected_tokens.assign(ids.begin(), ids.end());
-  s_.CheckWal(s_.wal->LogTurnBoundary(w.id, b));
-}
-
-bool Journal::OnTrajectoryFinished(const Work& w, const wire::Trajectory& t,
-                                   std::string* envelope) {
-  if (!s_.wal) return false;
-  // Delivered by DeliverDurable() once the finish record is durable.
-  s_.LogFinish(w, t, std::move(*envelope));
-  return true;
-}
-
-void Journal::OnWorkAborted(const Work& w) {
-  if (s_.wal && w.header_logged) (void)s_.wal->Discard(w.id);
-}
-
-void Journal::OnGroupAborted(Group* g) {
-  if (s_.wal && g->group_pending) {
-    (void)s_.wal->AckGroup(g->serial);
-    g->group_pending = false;
-  }
-}
-
-void Journal::OnWeightsInstalled(const WeightsGate::Installed& w) {
-  if (!s_.wal) return;
-  s_.SaveLiveWeights(w);          // weights.json: what a restart re-applies
-  s_.RecordVersionInRegistry(w);  // weights.jsonl, fsync'd before the Ack
-}
-
-int Journal::PollWaitMs(int wait_ms) const {
-  if (s_.wal && !s_.held.empty()) {
-    return std::min(wait_ms, std::max(1, s_.wal->MsUntilCommit()));
-  }
-  return wait_ms;
-}
-
-void Journal::DeliverDurable() {
-  if (s_.wal) s_.CommitAndDeliver();
-}
-
-void Journal::OnHousekeeping(Clock::time_point now) {
-  if (s_.wal && now - s_.last_retention_check > std::chrono::seconds(1)) {
-    s_.EnforceRetention();
-    s_.last_retention_check = now;
-  }
-}
-
-// ---- the logging ----
-
-void Coordinator::State::ReportWalError(const Status& s) {
-  if (wal_error_reported) return;
-  wal_error_reported = true;
-  spdlog::error("coordinator: WAL failed, no new work is accepted: {}", s.ToString());
-  if (options.metrics) options.metrics->SetWalFailed(s.ToString());
-  for (Group* g : table.All()) {
-    if (!g->client.empty()) {
-      SendError(g->client, 0, s.WithContext("WAL failed; results not yet durable are held"),
-                g->group_id);
-    }
-  }
-}
-
-void Coordinator::State::CheckWal(const Status& s) {
-  if (!s.ok()) ReportWalError(wal->status().ok() ? s : wal->status());
-}
-
-void Coordinator::State::LogDispatch(Work* w) {
+  if (!wal_) return;
   Group* g = w->group;
   if (!w->header_logged) {
-    NumericsFingerprint fp = fingerprint.value_or(NumericsFingerprint{});
+    NumericsFingerprint fp = fingerprint_.value_or(NumericsFingerprint{});
     // The hash of the live version once an update installed it.
-    if (weights.live_weights_hash() != 0) fp.weights_hash = weights.live_weights_hash();
-    CheckWal(wal->LogHeader(w->id, g->serial, w->sample_index, *g->submit, g->buffer,
-                            weights.version(), fp));
+    if (weights_.live_weights_hash() != 0) fp.weights_hash = weights_.live_weights_hash();
+    Check(wal_->LogHeader(w->id, g->serial, w->sample_index, *g->submit, g->buffer,
+                          weights_.version(), fp));
     w->header_logged = true;
     if (g->unheadered > 0 && --g->unheadered == 0 && g->group_pending) {
-      CheckWal(wal->AckGroup(g->serial));
+      Check(wal_->AckGroup(g->serial));
       g->group_pending = false;
     }
   }
@@ -182,12 +86,13 @@ void Coordinator::State::LogDispatch(Work* w) {
   w->forced =
       static_cast<uint32_t>(w->tokens.size() - std::min<size_t>(w->tokens.size(), w->sampled_base));
   if (w->forced > 0) {
-    wal->counters.forced_tokens += w->forced;
-    ++wal->counters.resumed;
+    wal_->counters.forced_tokens += w->forced;
+    ++wal_->counters.resumed;
   }
 }
 
-void Coordinator::State::LogChunk(Work* w, const wire::TokenChunk& c) {
+void Journal::OnChunk(Work* w, const wire::TokenChunk& c) {
+  if (!wal_) return;
   if (c.ids() == nullptr || c.logprobs() == nullptr || c.ids()->size() != c.logprobs()->size()) {
     return;
   }
@@ -200,7 +105,7 @@ void Coordinator::State::LogChunk(Work* w, const wire::TokenChunk& c) {
     const float lp = c.logprobs()->Get(static_cast<uint32_t>(i));
     const size_t at = static_cast<size_t>(begin + i);
     if (id != w->tokens[at] || std::memcmp(&lp, &w->logprobs[at], sizeof(float)) != 0) {
-      ++wal->counters.forced_mismatches;
+      ++wal_->counters.forced_mismatches;
       spdlog::error("coordinator: trajectory {} token {} re-scored differently from the WAL", w->id,
                     at);
     }
@@ -217,47 +122,182 @@ void Coordinator::State::LogChunk(Work* w, const wire::TokenChunk& c) {
   const auto m = static_cast<size_t>(n - skip);
   w->tokens.insert(w->tokens.end(), ids, ids + m);
   w->logprobs.insert(w->logprobs.end(), lps, lps + m);
-  CheckWal(wal->LogTokens(w->id, {ids, m}, {lps, m}, c.weight_version()));
+  Check(wal_->LogTokens(w->id, {ids, m}, {lps, m}, c.weight_version()));
 }
 
-void Coordinator::State::LogFinish(const Work& w, const wire::Trajectory& t, std::string envelope) {
+void Journal::OnTurnEnded(Work* w, const wire::Trajectory& t) {
+  if (!wal_) return;
+  const uint32_t n = t.ids() ? t.ids()->size() : 0;
+  // The turn's tokens not streamed yet, then the call: the call's token_index is the turn end.
+  const size_t logged = w->tokens.size() - w->sampled_base;
+  if (n > logged) {
+    const int32_t* ids = t.ids()->data() + logged;
+    const float* lps = t.logprobs()->data() + logged;
+    const size_t k = n - logged;
+    w->tokens.insert(w->tokens.end(), ids, ids + k);
+    w->logprobs.insert(w->logprobs.end(), lps, lps + k);
+    Check(wal_->LogTokens(w->id, {ids, k}, {lps, k}, weights_.version()));
+  }
+}
+
+void Journal::OnToolCallStarted(const Work& w, const ToolOutcome& o, uint32_t index) {
+  if (wal_) Check(wal_->LogToolCall(w.id, ToWalCall(o, index)));
+}
+
+void Journal::OnToolCallFinished(const Work& w, const ToolOutcome& o, uint32_t index) {
+  if (wal_) Check(wal_->LogToolResult(w.id, ToWalResult(o, index)));
+}
+
+void Journal::OnTurnBoundary(const Work& w, const flatbuffers::Vector<int32_t>& ids) {
+  if (!wal_) return;
+  wal::TurnBoundary b;
+  b.turn_index = w.boundaries;
+  b.injected_tokens.assign(ids.begin(), ids.end());
+  Check(wal_->LogTurnBoundary(w.id, b));
+}
+
+bool Journal::OnTrajectoryFinished(const Work& w, const wire::Trajectory& t,
+                                   std::string* envelope) {
+  if (!wal_) return false;
+  // Delivered by DeliverDurable() once the finish record is durable.
+  LogFinish(w, t, std::move(*envelope));
+  return true;
+}
+
+void Journal::LogFinish(const Work& w, const wire::Trajectory& t, std::string envelope) {
   // Tokens the replica did not stream (none when it streams every one) are logged first.
   if (t.ids() && t.logprobs() && t.ids()->size() == t.logprobs()->size() &&
       w.sampled_base + t.ids()->size() > w.tokens.size()) {
     const size_t k = w.tokens.size() - w.sampled_base, m = t.ids()->size() - k;
-    CheckWal(wal->LogTokens(w.id, {t.ids()->data() + k, m}, {t.logprobs()->data() + k, m},
-                            weights.version()));
+    Check(wal_->LogTokens(w.id, {t.ids()->data() + k, m}, {t.logprobs()->data() + k, m},
+                          weights_.version()));
   }
   const std::string err = t.error() && t.error()->message() ? t.error()->message()->str() : "";
   Result<RoutingRecord> routing = RoutingFromWire(t.routing());  // kept for recovery
-  CheckWal(wal->LogFinish(w.id, t.finish(), err, routing.ok() ? &*routing : nullptr));
+  Check(wal_->LogFinish(w.id, t.finish(), err, routing.ok() ? &*routing : nullptr));
   HeldDelivery d;
   d.traj = w.id;
   d.group_key = w.group->key;
   d.flat = WalFlatOf(w.id);
   d.envelope = std::move(envelope);
   d.failed = t.finish() == wire::FinishReason_Error;
-  d.lsn = wal->LastLsn();
-  held.push_back(std::move(d));
+  d.lsn = wal_->LastLsn();
+  held_.push_back(std::move(d));
 }
 
-void Coordinator::State::CommitAndDeliver() {
-  CheckWal(wal->MaybeCommit());
+void Journal::OnWorkAborted(const Work& w) {
+  if (wal_ && w.header_logged) (void)wal_->Discard(w.id);
+}
+
+void Journal::OnGroupAborted(Group* g) {
+  if (wal_ && g->group_pending) {
+    (void)wal_->AckGroup(g->serial);
+    g->group_pending = false;
+  }
+}
+
+// ---- the loop ----
+
+int Journal::PollWaitMs(int wait_ms) const {
+  if (wal_ && !held_.empty()) return std::min(wait_ms, std::max(1, wal_->MsUntilCommit()));
+  return wait_ms;
+}
+
+void Journal::DeliverDurable() {
+  if (!wal_) return;
+  Check(wal_->MaybeCommit());
   // By LSN, not by trajectory: a held trajectory stays deliverable whatever happens to its
   // records meanwhile (an Ack, a Discard).
-  const uint64_t durable = wal->DurableLsn();
-  while (!held.empty() && held.front().lsn <= durable) {
-    HeldDelivery d = std::move(held.front());
-    held.pop_front();
-    Group* g = table.Find(d.group_key);
+  const uint64_t durable = wal_->DurableLsn();
+  while (!held_.empty() && held_.front().lsn <= durable) {
+    HeldDelivery d = std::move(held_.front());
+    held_.pop_front();
+    Group* g = table_.Find(d.group_key);
     if (g == nullptr) continue;  // aborted meanwhile
     // The WAL counts a record's bytes when it commits: set them in the envelope built at finish
     // (Work -> BuildFinal with wal_bytes_slot), in place rather than encoding it again.
-    const auto wal_bytes = static_cast<int64_t>(wal->Bytes(d.traj));
+    const auto wal_bytes = static_cast<int64_t>(wal_->Bytes(d.traj));
     if (!SetTrajectoryWalBytes(d.envelope, wal_bytes)) {
       spdlog::error("coordinator: trajectory {} envelope has no cost.wal_bytes slot", d.traj);
     }
-    Deliver(g, d.flat, std::move(d.envelope), d.failed, wal_bytes);
+    hooks_.deliver(g, d.flat, std::move(d.envelope), d.failed, wal_bytes);
+  }
+}
+
+void Journal::OnHousekeeping(Clock::time_point now) {
+  if (wal_ && now - last_retention_check_ > std::chrono::seconds(1)) {
+    EnforceRetention(Clock::now());
+    last_retention_check_ = now;
+  }
+}
+
+void Journal::EnforceRetention(Clock::time_point now) {
+  for (const GroupTable::Expired& e :
+       table_.Expire(now, options_.retention_max_age, options_.retention_max_groups)) {
+    const ParkedGroup& p = e.group;
+    spdlog::warn(
+        "coordinator: retention: discarding group={} from the WAL: {} of its {} trajectories "
+        "were never acknowledged ({})",
+        p.group_id, p.delivered - p.acked, p.total,
+        e.too_many ? "more finished groups than retention.max_groups" : "older than max_age_s");
+    for (uint32_t flat = 0; flat < p.total; ++flat) (void)wal_->Discard(WalTrajId(p.serial, flat));
+  }
+}
+
+// ---- weights ----
+
+void Journal::OnWeightsInstalled(const WeightsGate::Installed& w) {
+  if (!wal_) return;
+  const std::filesystem::path dir(options_.dir);
+  // weights.json: what a restart re-applies. Only a path can be reloaded; after streamed or
+  // NCCL weights the record says what to resend.
+  const std::string body =
+      nlohmann::json{{"version", w.version}, {"path", w.path}, {"source", std::string(w.source)}}
+          .dump() +
+      "\n";
+  // Write, fsync, rename: the file is the old one or the new one, never a torn mix.
+  const std::filesystem::path tmp = dir / "weights.json.tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && ::write(fd, body.data(), body.size()) == static_cast<ssize_t>(body.size()) &&
+            ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  ok = ok && ::rename(tmp.c_str(), (dir / "weights.json").c_str()) == 0;
+  if (!ok) {
+    spdlog::error(
+        "coordinator: cannot record the live weights in {}: {}; after a restart the "
+        "trainer must send version={} again",
+        (dir / "weights.json").string(), std::strerror(errno), w.version);
+  }
+  // weights.jsonl (rollout/weights_registry.h), fsync'd before the update is acknowledged.
+  Status s = RecordWeightsVersion(options_.dir, w.version, w.source, w.path, w.weights_hash);
+  if (!s.ok()) {
+    spdlog::error("coordinator: weights version={} is not in the weights registry: {}", w.version,
+                  s.ToString());
+  }
+}
+
+void Journal::RestoreLiveWeights() {
+  const std::filesystem::path file = std::filesystem::path(options_.dir) / "weights.json";
+  std::ifstream in(file);
+  if (!in) return;  // never updated
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("version") || !j["version"].is_number_unsigned()) {
+    spdlog::error("coordinator: {} is unreadable; ignored (the replicas serve their own weights)",
+                  file.string());
+    return;
+  }
+  const uint64_t version = j["version"].get<uint64_t>();
+  const std::string path = j.value("path", std::string());
+  if (!path.empty()) {
+    weights_.Restore(path, version, RegisteredWeightsHash(options_.dir, version));
+    spdlog::info("coordinator: live weights version={} from {} (re-applied to every replica)",
+                 version, path);
+  } else {
+    spdlog::warn(
+        "coordinator: the live weights before the restart were version={}, sent as {}; "
+        "they cannot be reloaded: trajectories logged under them wait until the trainer "
+        "sends that version again",
+        version, j.value("source", std::string("tensors")));
   }
 }
 

@@ -2,14 +2,14 @@
 // coordinator thread). Internal to rollout/coordinator*.cc; the public face is coordinator.h.
 // Its parts own their data and are testable alone: GroupTable (group_table.h: groups, works,
 // admission room, done counts, parked groups), ReplicaSet (replica_set.h), ClientOutbox
-// (client_outbox.h), ConnectionAges (connection_ages.h) and WeightsGate (weights_gate.h: the live
-// weights, the update in flight, the version gate of queued work); State routes messages
-// between them. Its methods live in five
-// files by concern: coordinator.cc (clients, groups, dispatch, the loop),
-// coordinator_replicas.cc (replica messages, drain), coordinator_weights.cc (the glue to the
-// weights gate and the records of the live weights), coordinator_wal.cc (durable delivery,
-// re-attach, recovery) and coordinator_tools.cc (the multi-turn tool loop); what is logged when
-// is decided in one file, coordinator_journal.{h,cc} (State::Journal).
+// (client_outbox.h), ConnectionAges (connection_ages.h), WeightsGate (weights_gate.h: the live
+// weights, the update in flight, the version gate of queued work) and Journal
+// (coordinator_journal.h: what is logged when; the WAL handle, the trajectories held until
+// durable, retention and the records of the live weights). State routes messages between them;
+// its methods live in five files by concern: coordinator.cc (clients, groups, dispatch, the
+// loop), coordinator_replicas.cc (replica messages, drain), coordinator_weights.cc (the glue to
+// the weights gate), coordinator_wal.cc (durable delivery, re-attach, Acks, recovery: the WAL's
+// readers) and coordinator_tools.cc (the multi-turn tool loop).
 #pragma once
 
 #include "rollout/coordinator.h"
@@ -31,6 +31,7 @@
 
 #include "rollout/client_outbox.h"
 #include "rollout/connection_ages.h"
+#include "rollout/coordinator_journal.h"
 #include "rollout/fair_queue.h"
 #include "rollout/group_table.h"
 #include "rollout/messages.h"
@@ -92,14 +93,6 @@ struct Coordinator::State {
   using Group = GroupEntry;
   using Work = WorkEntry;
   using Parked = ParkedGroup;
-  struct HeldDelivery {  // finished, waiting for its finish record to be durable
-    uint64_t traj = 0;
-    std::string group_key;
-    uint32_t flat = 0;
-    std::string envelope;  // client Trajectory envelope (cost.wal_bytes filled on delivery)
-    bool failed = false;
-    uint64_t lsn = 0;  // the finish record's LSN: delivered once DurableLsn() reaches it
-  };
   using Replica = ReplicaEntry;  // rollout/replica_set.h
 
   CoordinatorOptions options;
@@ -133,20 +126,17 @@ struct Coordinator::State {
   RateMeter rate;
   // Tool workers (rollout/tool_runner.h); created at Start.
   std::unique_ptr<ToolRunner> tools;
-  // WAL (null without a data dir). See rollout/wal_log.h.
-  std::unique_ptr<WalLog> wal;
-  std::deque<HeldDelivery> held;  // in finish-append (LSN) order
-  uint64_t next_serial = 1;
   int32_t eos_id = -1;
-  bool wal_error_reported = false;
-  Clock::time_point last_retention_check;
   bool recovering = false;  // RecoverFromWal runs: groups are not finished (parked) yet
 
   // What is logged when (rollout/coordinator_journal.h): every file reports its events there.
-  class Journal;
+  // It owns the WAL handle (none without a data dir) and the trajectories held until durable.
   std::unique_ptr<Journal> journal;
 
-  State(zmq::context_t& ctx, const CoordinatorOptions& o);  // coordinator_journal.cc
+  State(zmq::context_t& ctx, const CoordinatorOptions& o);  // coordinator.cc
+
+  // The WAL (rollout/wal_log.h), for its readers: null without a data dir.
+  WalLog* wal() const { return journal->log(); }
 
   // ---- sending ----
 
@@ -213,15 +203,6 @@ struct Coordinator::State {
   // Queues the held work whose weights version is now live.
   void ReleaseWaitingWork();
 
-  // With a WAL: the live weights' source ("path", "tensors", "nccl") in <data dir>/weights.json
-  // (atomic), read back by RestoreLiveWeights before recovery: a path update is re-applied to
-  // the replicas after a restart; streamed and NCCL weights must be sent again by the trainer.
-  void SaveLiveWeights(const WeightsGate::Installed& w);
-  void RestoreLiveWeights();
-  // With a WAL: appends the version just installed to <data dir>/weights.jsonl
-  // (rollout/weights_registry.h), fsync'd, before the update is acknowledged.
-  void RecordVersionInRegistry(const WeightsGate::Installed& w);
-
   void OnDrain(const std::string& client, uint64_t request_id, bool resume);
 
   void MaybeFinishDrain();
@@ -242,27 +223,13 @@ struct Coordinator::State {
   void BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w, const wire::Trajectory& t,
                   const Cost& cost, std::string_view replica, bool wal_bytes_slot);
 
-  // ---- WAL (rollout/wal_log.h) ----
-  // The logging itself (coordinator_journal.cc), called only by the Journal.
+  // ---- WAL (rollout/wal_log.h; what is logged when: the Journal) ----
 
-  // Sends the WAL's sticky error once to every attached client with live groups.
+  // The Journal's report of the WAL's sticky error (once): to every attached client with live
+  // groups, and to the metrics.
   void ReportWalError(const Status& s);
 
-  void CheckWal(const Status& s);
-
-  // First dispatch logs the header; a re-dispatch (resume, failover) forces the logged tokens.
-  void LogDispatch(Work* w);
-
-  // Appends the chunk's tokens past those already logged; re-scored forced tokens are compared
-  // with the log bit for bit (a mismatch is counted and reported: the numerics changed).
-  void LogChunk(Work* w, const wire::TokenChunk& c);
-
-  void LogFinish(const Work& w, const wire::Trajectory& t, std::string envelope);
-
-  // Commits (group commit) and delivers the trajectories whose finish record is durable.
-  void CommitAndDeliver();
-
-  // Durable delivery, re-attach, retention, Acks and recovery (coordinator_wal.cc).
+  // Durable delivery, re-attach, Acks and recovery (coordinator_wal.cc).
 
   void Deliver(Group* g, uint32_t flat, std::string envelope, bool failed, int64_t wal_bytes);
 
@@ -278,9 +245,6 @@ struct Coordinator::State {
 
   // A finished WAL group leaves memory (FinishGroupIfDone).
   void Park(Group* g);
-
-  // Discards parked groups past options.retention (age or count) from the WAL.
-  void EnforceRetention();
 
   void OnClientAck(const std::string& client, const std::string& owner, const wire::Envelope* e);
 
@@ -322,5 +286,3 @@ struct Coordinator::State {
 };
 
 }  // namespace bitroll::rollout
-
-#include "rollout/coordinator_journal.h"  // IWYU pragma: export

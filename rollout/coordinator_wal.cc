@@ -1,8 +1,18 @@
-// The coordinator's write-ahead log: durable delivery, re-attach, retention, Acks, recovery.
-// What is logged when: rollout/coordinator_journal.{h,cc}.
+// The coordinator's write-ahead log readers: durable delivery, re-attach, Acks, recovery, and
+// the report of a WAL failure. What is logged when: rollout/coordinator_journal.{h,cc}.
 #include "rollout/coordinator_state.h"
 
 namespace bitroll::rollout {
+
+void Coordinator::State::ReportWalError(const Status& s) {
+  if (options.metrics) options.metrics->SetWalFailed(s.ToString());
+  for (Group* g : table.All()) {
+    if (!g->client.empty()) {
+      SendError(g->client, 0, s.WithContext("WAL failed; results not yet durable are held"),
+                g->group_id);
+    }
+  }
+}
 
 void Coordinator::State::Deliver(Group* g, uint32_t flat, std::string envelope, bool failed,
                                  int64_t wal_bytes) {
@@ -30,8 +40,8 @@ void Coordinator::State::ReattachParked(const std::string& key, const std::strin
   const Parked p = table.TakeParked(key);
   std::string request;  // the group's request, from any of its logged trajectories
   for (uint32_t flat = 0; flat < p.total && request.empty(); ++flat) {
-    if (!wal->Known(WalTrajId(p.serial, flat))) continue;
-    auto log = wal->Read(WalTrajId(p.serial, flat));
+    if (!wal()->Known(WalTrajId(p.serial, flat))) continue;
+    auto log = wal()->Read(WalTrajId(p.serial, flat));
     if (log.ok()) request = std::move(log->header.request);
   }
   spdlog::info("coordinator: client re-attached to finished group={} ({} trajectories, {} acked)",
@@ -88,8 +98,8 @@ void Coordinator::State::PumpRedelivery() {
       }
       const uint32_t flat = g->cursor++;
       const SampleAddress at{g->group_id, flat / n, flat % n};
-      if (!wal->Known(WalTrajId(g->serial, flat))) continue;  // acknowledged or aborted
-      auto log = wal->Read(WalTrajId(g->serial, flat));
+      if (!wal()->Known(WalTrajId(g->serial, flat))) continue;  // acknowledged or aborted
+      auto log = wal()->Read(WalTrajId(g->serial, flat));
       if (log.ok() && log->finish) {
         Cost cost;
         cost.wal_bytes = static_cast<int64_t>(log->bytes);
@@ -109,20 +119,6 @@ void Coordinator::State::Park(Group* g) {
   table.Park(g, Clock::now());  // destroys g
 }
 
-void Coordinator::State::EnforceRetention() {
-  for (const GroupTable::Expired& e :
-       table.Expire(Clock::now(), std::chrono::seconds(options.retention.max_age_s),
-                    options.retention.max_groups)) {
-    const Parked& p = e.group;
-    spdlog::warn(
-        "coordinator: retention: discarding group={} from the WAL: {} of its {} trajectories "
-        "were never acknowledged ({})",
-        p.group_id, p.delivered - p.acked, p.total,
-        e.too_many ? "more finished groups than retention.max_groups" : "older than max_age_s");
-    for (uint32_t flat = 0; flat < p.total; ++flat) (void)wal->Discard(WalTrajId(p.serial, flat));
-  }
-}
-
 void Coordinator::State::OnClientAck(const std::string& client, const std::string& owner,
                                      const wire::Envelope* e) {
   const wire::Ack* a = e->msg_as_Ack();
@@ -136,7 +132,7 @@ void Coordinator::State::OnClientAck(const std::string& client, const std::strin
                                 "acknowledged"),
         a->group_id());
   }
-  if (!wal || pis == nullptr) return;
+  if (!wal() || pis == nullptr) return;
   std::string parked_key;  // the same lookup as a re-attach: live group, else parked
   Group* g = FindGroup(owner, a->group_id(), &parked_key);
   Parked* p = g == nullptr && !parked_key.empty() ? table.FindParked(parked_key) : nullptr;
@@ -150,7 +146,7 @@ void Coordinator::State::OnClientAck(const std::string& client, const std::strin
     const uint32_t flat = pi * n + si;
     // Only what was delivered: an early Ack (before delivery) or a repeated one does nothing.
     if (g != nullptr && !g->from_wal && g->sent.erase(flat) == 0) continue;
-    Status s = wal->Acknowledge(WalTrajId(serial, flat));
+    Status s = wal()->Acknowledge(WalTrajId(serial, flat));
     if (!s.ok()) {
       spdlog::debug("coordinator: ack: {}", s.ToString());
       continue;
@@ -161,11 +157,11 @@ void Coordinator::State::OnClientAck(const std::string& client, const std::strin
 }
 
 Status Coordinator::State::RecoverFromWal() {
-  BR_ASSIGN_OR_RETURN(wal::RecoveryResult rec, wal->Recover());
+  BR_ASSIGN_OR_RETURN(wal::RecoveryResult rec, wal()->Recover());
   std::unordered_map<uint64_t, Group*> by_serial;
   std::unordered_map<uint64_t, const wal::TrajectoryLog*> unfinished, finished;
   std::unordered_map<uint64_t, Status> quarantined;
-  auto note = [&](uint64_t serial) { next_serial = std::max(next_serial, serial + 1); };
+  auto note = [&](uint64_t serial) { journal->NoteSerial(serial); };
   auto make = [&](uint64_t serial, const std::string& request, bool pending) -> Group* {
     if (auto it = by_serial.find(serial); it != by_serial.end()) return it->second;
     std::vector<uint64_t> align;
@@ -226,7 +222,7 @@ Status Coordinator::State::RecoverFromWal() {
       const uint64_t id = WalTrajId(serial, flat);
       const SampleAddress at{g->group_id, flat / n, flat % n};
       if (auto u = unfinished.find(id); u != unfinished.end()) {
-        wal->counters.recovered_tokens += u->second->token_ids.size();
+        wal()->counters.recovered_tokens += u->second->token_ids.size();
         AddWork(g, at.prompt_index, at.sample_index, u->second);
       } else if (auto f = finished.find(id); f != finished.end()) {
         Cost cost;
@@ -244,7 +240,7 @@ Status Coordinator::State::RecoverFromWal() {
       }
     }
     if (g->group_pending && g->unheadered == 0) {
-      BR_RETURN_IF_ERROR(wal->AckGroup(serial));
+      BR_RETURN_IF_ERROR(wal()->AckGroup(serial));
       g->group_pending = false;
     }
   }
@@ -262,8 +258,8 @@ Status Coordinator::State::RecoverFromWal() {
   spdlog::info(
       "coordinator: WAL recovered {} group(s): {} unfinished trajectories ({} logged tokens), "
       "{} finished, {} quarantined",
-      by_serial.size(), rec.unfinished.size(), wal->counters.recovered_tokens, rec.finished.size(),
-      rec.quarantined.size());
+      by_serial.size(), rec.unfinished.size(), wal()->counters.recovered_tokens,
+      rec.finished.size(), rec.quarantined.size());
   return Status::Ok();
 }
 

@@ -1,0 +1,212 @@
+// The Journal alone (rollout/coordinator_journal.h), over a GroupTable, a WeightsGate and a WAL
+// in a temporary directory, without a socket: without a data directory nothing is logged or
+// held; a finished trajectory is held until its finish record is durable and then delivered
+// once (not at all when its group was aborted meanwhile); the group record is acknowledged with
+// the group's last header; the records of the live weights bring a path update back after a
+// restart.
+#include "rollout/coordinator_journal.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+
+namespace bitroll::rollout {
+namespace {
+
+std::string TempDir() {
+  std::string t = (std::filesystem::temp_directory_path() / "br_journal_XXXXXX").string();
+  return mkdtemp(t.data()) != nullptr ? t : "";
+}
+
+std::string Request(uint64_t group_id, uint32_t n) {
+  flatbuffers::FlatBufferBuilder fbb(512);
+  std::vector<flatbuffers::Offset<wire::Prompt>> ps = {
+      wire::CreatePrompt(fbb, fbb.CreateVector(std::vector<int32_t>{1, 2, 3}))};
+  auto m = wire::CreateSubmitRollouts(fbb, group_id, fbb.CreateVector(ps), n);
+  FinishEnvelope(fbb, 1, wire::Message_SubmitRollouts, m.Union());
+  return std::string(BufferView(fbb));
+}
+
+// A replica's finished Trajectory of `ids` (logprob -0.5 each).
+struct Finished {
+  flatbuffers::FlatBufferBuilder fbb{256};
+  const wire::Trajectory* t = nullptr;
+  explicit Finished(const std::vector<int32_t>& ids) {
+    auto i = fbb.CreateVector(ids);
+    auto l = fbb.CreateVector(std::vector<float>(ids.size(), -0.5f));
+    wire::TrajectoryBuilder b(fbb);
+    b.add_ids(i);
+    b.add_logprobs(l);
+    b.add_finish(wire::FinishReason_Length);
+    fbb.Finish(b.Finish());
+    t = flatbuffers::GetRoot<wire::Trajectory>(fbb.GetBufferPointer());
+  }
+};
+
+// The client envelope the coordinator builds at finish (with a wal_bytes slot).
+std::string Envelope(const wire::Trajectory& t, uint32_t flat) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  BuildClientTrajectory(fbb, t, {42, 0, flat}, Cost{}, "replica", nullptr, nullptr,
+                        /*wal_bytes_slot=*/true);
+  return std::string(BufferView(fbb));
+}
+
+struct Delivered {
+  uint64_t group_id;
+  uint32_t flat;
+  std::string envelope;
+  bool failed;
+  int64_t wal_bytes;
+};
+
+// A journal and the parts it reads, logging to `dir` (empty: no data directory).
+struct Fixture {
+  ReplicaSet replicas;
+  GroupTable table;
+  WeightsGate weights{
+      replicas, DecodeLimits{}, 1000,
+      WeightsGate::Hooks{[](int, std::string_view) {},
+                         [](const std::string&, uint64_t, const Status&, uint64_t) {},
+                         [](const WeightsGate::Installed&) {}}};
+  std::optional<NumericsFingerprint> fingerprint = NumericsFingerprint{};
+  std::vector<Delivered> delivered;
+  std::vector<Status> failures;
+  Journal journal;
+
+  explicit Fixture(const std::string& dir)
+      : journal(
+            Journal::Options{dir}, table, weights, fingerprint,
+            Journal::Hooks{
+                [this](GroupEntry* g, uint32_t flat, std::string env, bool failed, int64_t bytes) {
+                  delivered.push_back({g->group_id, flat, std::move(env), failed, bytes});
+                },
+                [this](const Status& s) { failures.push_back(s); }}) {
+    if (dir.empty()) return;
+    WalServiceOptions o;
+    o.dir = dir;
+    o.durability = wal::Durability::kNone;
+    o.commit_interval_ms = 0;
+    auto wal = WalLog::Open(o);
+    EXPECT_TRUE(wal.ok()) << wal.status().ToString();
+    if (!wal.ok()) return;
+    journal.Attach(std::move(wal).value());
+    EXPECT_TRUE(journal.log()->Recover().ok());  // the coordinator recovers before logging
+  }
+
+  // Admits a group of `n` samples as the coordinator does, with its works.
+  GroupEntry* Admit(uint64_t group_id, uint32_t n) {
+    const std::string request = Request(group_id, n);
+    uint64_t serial = 0;
+    bool pending = false;
+    EXPECT_TRUE(journal.OnGroupAdmitted(request, &serial, &pending).ok());
+    GroupEntry* g =
+        table.Add("conn", 1, "cowner", GroupTable::Key("cowner", group_id), request, serial);
+    g->group_pending = pending;
+    for (uint32_t j = 0; j < n; ++j) {
+      WorkEntry w;
+      w.id = journal.on() ? WalTrajId(serial, j) : table.NextWorkId();
+      w.group = g;
+      w.sample_index = j;
+      table.AddWork(std::move(w));
+    }
+    g->unheadered = g->total;
+    return g;
+  }
+};
+
+TEST(Journal, WithoutADataDirectoryNothingIsLoggedOrHeld) {
+  Fixture f("");
+  EXPECT_FALSE(f.journal.on());
+  EXPECT_TRUE(f.journal.Healthy().ok());
+  EXPECT_TRUE(f.journal.CheckGroupSize(uint64_t{1} << 30).ok());
+  GroupEntry* g = f.Admit(1, 1);
+  EXPECT_EQ(g->serial, 0u);
+  EXPECT_FALSE(g->group_pending);
+  WorkEntry* w = f.table.FindWork(*g->live.begin());
+  f.journal.OnDispatched(w);
+  EXPECT_FALSE(w->header_logged);
+  Finished t({5, 6});
+  std::string envelope = "trajectory";
+  EXPECT_FALSE(f.journal.OnTrajectoryFinished(*w, *t.t, &envelope));
+  EXPECT_EQ(envelope, "trajectory");  // the caller delivers it
+  EXPECT_EQ(f.journal.PollWaitMs(20), 20);
+  f.journal.DeliverDurable();
+  EXPECT_TRUE(f.delivered.empty());
+}
+
+TEST(Journal, AFinishedTrajectoryIsHeldUntilDurableThenDeliveredOnce) {
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  {
+    Fixture f(dir);
+    ASSERT_TRUE(f.journal.on());
+    EXPECT_EQ(f.journal.CheckGroupSize(kWalMaxSamples + 1).code(), ErrorCode::kInvalidArgument);
+    GroupEntry* g = f.Admit(42, 2);
+    EXPECT_EQ(g->serial, 1u);
+    EXPECT_TRUE(g->group_pending);
+    WorkEntry* w0 = f.table.FindWork(WalTrajId(1, 0));
+    WorkEntry* w1 = f.table.FindWork(WalTrajId(1, 1));
+    ASSERT_NE(w0, nullptr);
+    ASSERT_NE(w1, nullptr);
+    f.journal.OnDispatched(w0);
+    EXPECT_TRUE(w0->header_logged);
+    EXPECT_TRUE(g->group_pending);  // the second sample has no header yet
+    f.journal.OnDispatched(w1);
+    EXPECT_FALSE(g->group_pending);
+    Finished t({7, 8, 9});
+    std::string envelope = Envelope(*t.t, 0);
+    ASSERT_TRUE(f.journal.OnTrajectoryFinished(*w0, *t.t, &envelope));
+    EXPECT_TRUE(f.delivered.empty());  // held: nothing committed yet
+    f.journal.DeliverDurable();
+    ASSERT_EQ(f.delivered.size(), 1u);
+    EXPECT_EQ(f.delivered[0].group_id, 42u);
+    EXPECT_EQ(f.delivered[0].flat, 0u);
+    EXPECT_FALSE(f.delivered[0].failed);
+    EXPECT_GT(f.delivered[0].wal_bytes, 0);
+    // The envelope carries the committed bytes, set in place.
+    auto env = DecodeEnvelope(f.delivered[0].envelope.data(), f.delivered[0].envelope.size(),
+                              DecodeLimits{});
+    ASSERT_TRUE(env.ok());
+    EXPECT_EQ((*env)->msg_as_Trajectory()->cost()->wal_bytes(), f.delivered[0].wal_bytes);
+    f.journal.DeliverDurable();
+    EXPECT_EQ(f.delivered.size(), 1u);  // once
+    auto log = f.journal.log()->Read(WalTrajId(1, 0));
+    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    EXPECT_EQ(log->token_ids, (std::vector<int32_t>{7, 8, 9}));
+    EXPECT_TRUE(log->finish.has_value());
+    // A group aborted before its trajectory is durable gets nothing delivered.
+    std::string second = Envelope(*t.t, 1);
+    ASSERT_TRUE(f.journal.OnTrajectoryFinished(*w1, *t.t, &second));
+    f.table.Remove(g);
+    f.journal.DeliverDurable();
+    EXPECT_EQ(f.delivered.size(), 1u);
+    EXPECT_TRUE(f.failures.empty());
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Journal, APathUpdateIsLiveAgainAfterARestart) {
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  {
+    Fixture f(dir);
+    f.journal.OnWeightsInstalled({7, "path", "/weights/v7", 0xabc});
+  }
+  {
+    Fixture f(dir);
+    f.journal.RestoreLiveWeights();
+    EXPECT_EQ(f.weights.version(), 7u);
+    EXPECT_EQ(f.weights.live_weights_hash(), 0xabcu);
+    f.journal.OnWeightsInstalled({8, "tensors", "", 0});
+  }
+  {
+    Fixture f(dir);  // streamed weights cannot be reloaded: the replicas' own stay live
+    f.journal.RestoreLiveWeights();
+    EXPECT_EQ(f.weights.version(), 0u);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace bitroll::rollout

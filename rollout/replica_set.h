@@ -33,7 +33,7 @@ struct ReplicaEntry {
   uint64_t weight_version = 0;
   int64_t running = 0;
   RateMeter rate;
-  // Weight catch-up of a (re)joined replica (coordinator_weights.cc): the request ids of the
+  // Weight catch-up of a (re)joined replica (rollout/weights_gate.h): the request ids of the
   // updates replayed to it; stale = it cannot serve the live weights (a replay failed, or they
   // came by NCCL broadcast): nothing is dispatched to it.
   std::unordered_set<uint64_t> catchup;

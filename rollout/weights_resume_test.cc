@@ -9,7 +9,8 @@
 //     once the client streams version 5 again.
 // Negative control: the same batch on the random weights differs in every trajectory (so a
 // resume on the weights the replicas start with would be caught). Disabling the restore and the
-// wait in coordinator_weights.cc makes both kill tests fail (checked by hand).
+// wait (Journal::RestoreLiveWeights, WeightsGate::Admit) makes both kill tests fail (checked by
+// hand before they moved out of coordinator_weights.cc).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -103,19 +103,40 @@ std::vector<WeightTensor> RealTensors(std::shared_ptr<const engine::ModelWeights
   return out;
 }
 
-// Submits the batch and kills the server after `progress` streamed tokens; no trajectory may
-// finish before that (the kill must interrupt all of them).
-void RunUntilKill(pid_t pid, Client& c, int64_t progress) {
+// Submits the batch and kills the server after `progress` streamed tokens, once some of them
+// are durable: the WAL has logged tokens and committed twice since (a commit that began after
+// they were appended has ended). Streamed tokens are not held for durability, so on a loaded
+// machine the kill could otherwise land before the first commit and interrupt nothing. No
+// trajectory may finish before the kill (it must interrupt all of them).
+void RunUntilKill(pid_t pid, Client& c, int64_t progress, const std::string& ep) {
   ASSERT_TRUE(c.Submit(Batch()).ok());
   int64_t seen = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (seen < progress && std::chrono::steady_clock::now() < deadline) {
-    auto e = c.Next(100);
-    if (!e.ok()) continue;
-    ASSERT_NE(e->kind, Event::Kind::kTrajectory) << "a trajectory finished before the kill";
+  auto drain = [&](int timeout_ms) {
+    auto e = c.Next(timeout_ms);
+    if (!e.ok()) return true;
+    if (e->kind == Event::Kind::kTrajectory) return false;
     if (e->kind == Event::Kind::kTokenChunk) seen += static_cast<int64_t>(e->chunk.ids.size());
+    return true;
+  };
+  while (seen < progress && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE(drain(100)) << "a trajectory finished before the kill";
   }
   ASSERT_GE(seen, progress);
+  uint64_t bytes = 0;
+  int commits = -1;  // -1: no logged token seen yet
+  while (commits < 2 && std::chrono::steady_clock::now() < deadline) {
+    const WalStatus ws = QueryWal(ep);
+    if (commits < 0 && ws.logged > 0) {
+      commits = 0;
+      bytes = ws.bytes;
+    } else if (commits >= 0 && ws.bytes > bytes) {
+      ++commits;
+      bytes = ws.bytes;
+    }
+    ASSERT_TRUE(drain(0)) << "a trajectory finished before the kill";
+  }
+  ASSERT_EQ(commits, 2) << "the WAL committed nothing within the deadline";
   kill(pid, SIGKILL);
   int st = 0;
   waitpid(pid, &st, 0);
@@ -176,7 +197,7 @@ TEST(WeightsResumeTest, PathUpdateIsReappliedAfterKill9) {
     auto c = ConnectTo(f.ep);
     auto v = c->UpdateWeights(RealModel(), 5, false, kTimeoutMs);
     ASSERT_TRUE(v.ok()) << v.status().ToString();
-    RunUntilKill(pid, *c, 600);
+    RunUntilKill(pid, *c, 600, f.ep);
   }
   pid = f.Serve();
   auto c = ConnectTo(f.ep);
@@ -197,7 +218,7 @@ TEST(WeightsResumeTest, StreamedWeightsWaitForTheTrainerAfterKill9) {
   {
     auto c = ConnectTo(f.ep);
     ASSERT_TRUE(c->UpdateWeightsStreamed(tensors, 5, false, true, kTimeoutMs).ok());
-    RunUntilKill(pid, *c, 600);
+    RunUntilKill(pid, *c, 600, f.ep);
   }
   pid = f.Serve();
   auto c = ConnectTo(f.ep);

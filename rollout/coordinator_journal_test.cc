@@ -186,6 +186,23 @@ TEST(Journal, AFinishedTrajectoryIsHeldUntilDurableThenDeliveredOnce) {
   std::filesystem::remove_all(dir);
 }
 
+// The held envelope's wal_bytes is filled in place; bytes that are no Trajectory envelope (garbage,
+// empty, another message) are refused and left as they were, never read out of bounds.
+TEST(Journal, SetTrajectoryWalBytesRefusesWhatIsNoTrajectory) {
+  Finished t({5, 6, 7});
+  std::string good = Envelope(*t.t, 0);
+  ASSERT_TRUE(SetTrajectoryWalBytes(good, 4321));
+  auto env = DecodeEnvelope(good.data(), good.size(), DecodeLimits{});
+  ASSERT_TRUE(env.ok()) << env.status().ToString();
+  EXPECT_EQ((*env)->msg_as_Trajectory()->cost()->wal_bytes(), 4321);
+  for (std::string bad : {std::string(), std::string("not a flatbuffer at all"),
+                          std::string(3, '\xff'), Request(7, 2), good.substr(0, good.size() / 2)}) {
+    const std::string before = bad;
+    EXPECT_FALSE(SetTrajectoryWalBytes(bad, 99)) << bad.size() << " bytes";
+    EXPECT_EQ(bad, before);
+  }
+}
+
 TEST(Journal, APathUpdateIsLiveAgainAfterARestart) {
   const std::string dir = TempDir();
   ASSERT_FALSE(dir.empty());

@@ -136,6 +136,8 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
 }
 
 bool SetTrajectoryWalBytes(std::string& envelope, int64_t wal_bytes) {
+  flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(envelope.data()), envelope.size());
+  if (!wire::VerifyEnvelopeBuffer(v)) return false;  // not an envelope at all
   const wire::Trajectory* t = wire::GetEnvelope(envelope.data())->msg_as_Trajectory();
   if (t == nullptr || t->cost() == nullptr) return false;
   // The generated code has no mutators (flatc without --gen-mutable); wire::Cost is a

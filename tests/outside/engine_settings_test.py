@@ -7,6 +7,9 @@
 - --kv-dtype bf16 (flag, and "kv_dtype" in a --config file): fingerprint "cpu-kvbf16", bit-equal to
   `generate --kv-dtype bf16`, and different from the fp32 bits (the negative control: the setting
   really reaches the replica's engine).
+- A hybrid (sliding-window) model under each --swa-cache policy: served at all (the start-up
+  self-test passes), and a group run twice (the second time from the prefix cache, whose sliding
+  state the policy keeps, checkpoints or rebuilds) bit-equal to `generate` both times.
 - Bad values: exit 2 with the one usage-error style, nothing served.
 
     /usr/bin/python3 tests/outside/engine_settings_test.py --bitroll build/rollout/bitroll
@@ -37,38 +40,51 @@ NEUTRAL = [
 ]
 
 
-def run_group(srv, failures, label):
-    """The SPEC group through the Python client; a list of trajectories (empty on failure)."""
+# Prompts long enough to fill prefix-cache blocks (16 tokens) past a sliding window.
+HYBRID = {"prompts": [[1] + [3 + (7 * i) % 400 for i in range(150)],
+                      [1] + [5 + (11 * i) % 390 for i in range(90)]],
+          "n": 2, "seed": 4, "max_tokens": 24,
+          "params": {"temperature": 1.0, "top_k": 0, "top_p": 0.9, "min_p": 0.0}}
+
+
+def run_group(srv, failures, label, spec=SPEC):
+    """The spec's group through the Python client; a list of trajectories (empty on failure)."""
     out = []
     with oc.bitroll.Client(srv.endpoint, timeout_ms=60000) as c:
         try:
-            g = c.submit(SPEC["prompts"], n=SPEC["n"], params=SPEC["params"], seed=SPEC["seed"],
-                         max_tokens=SPEC["max_tokens"])
+            g = c.submit(spec["prompts"], n=spec["n"], params=spec["params"], seed=spec["seed"],
+                         max_tokens=spec["max_tokens"])
             out = list(g)
         except Exception as e:  # a typed error or a timeout: a failure of this case
             failures.append(f"{label}: the group failed: {e}")
             return []
-    if len(out) != len(SPEC["prompts"]) * SPEC["n"]:
+    if len(out) != len(spec["prompts"]) * spec["n"]:
         failures.append(f"{label}: {len(out)} trajectories")
     return out
 
 
-def check(trajs, ref, backend, failures, label):
+def check(trajs, ref, backend, failures, label, spec=SPEC):
     for t in trajs:
         if t.fingerprint.get("backend") != backend:
             failures.append(f"{label}: fingerprint backend {t.fingerprint.get('backend')!r}, "
                             f"want {backend!r}")
-        why = ref.check(SPEC, t)
+        why = ref.check(spec, t)
         if why:
             failures.append(f"{label}: prompt {t.prompt_index} sample {t.sample_index}: {why}")
 
 
-def serve_case(a, tmp, extra, ref, backend, failures, label):
-    srv = oc.Server(a.bitroll, a.model, extra=extra, log=os.path.join(tmp, f"{len(label)}.log"))
+def serve_case(a, tmp, extra, ref, backend, failures, label, model=None, spec=SPEC, runs=1):
+    srv = oc.Server(a.bitroll, model or a.model, extra=extra,
+                    log=os.path.join(tmp, f"{len(label)}.log"))
     try:
-        srv.start()
-        trajs = run_group(srv, failures, label)
-        check(trajs, ref, backend, failures, label)
+        try:
+            srv.start()
+        except RuntimeError as e:  # refused to serve (a failed self-test, a bad flag)
+            failures.append(f"{label}: {e}")
+            return []
+        for _ in range(runs):
+            trajs = run_group(srv, failures, label, spec)
+            check(trajs, ref, backend, failures, label, spec)
         if not srv.alive():
             failures.append(f"{label}: bitroll serve died:\n{srv.log_tail()}")
         return trajs
@@ -112,6 +128,13 @@ def main():
         with open(cfg, "w") as f:
             json.dump({"kv_dtype": "bf16", "max_step_tokens": 5, "prefix_cache": False}, f)
         serve_case(a, tmp, ["--config", cfg], bf16, "cpu-kvbf16", failures, "config kv_dtype")
+        hybrid = os.path.join(tmp, "hybrid")
+        subprocess.run([a.bitroll, "make-model", "--shape", "swa-5to1-tiny", "--out", hybrid],
+                       check=True, capture_output=True, timeout=120)
+        href = oc.References(a.bitroll, hybrid, tmp)
+        for policy in ("full", "checkpoint:32", "recompute"):
+            serve_case(a, tmp, ["--swa-cache", policy], href, "cpu", failures,
+                       f"hybrid --swa-cache {policy}", model=hybrid, spec=HYBRID, runs=2)
         usage_error(a, ["--kv-dtype", "f16"], "--kv-dtype must be f32 or bf16, got 'f16'",
                     failures)
         usage_error(a, ["--prefix-cache", "maybe"], "--prefix-cache must be on or off",
@@ -119,6 +142,7 @@ def main():
         usage_error(a, ["--max-step-tokens", "0"], "--max-step-tokens, --max-running and "
                     "--max-prefill-chunk must be >= 1", failures)
         usage_error(a, ["--kv-cache-mb", "-5"], "--kv-cache-mb must be in [0, 2^40]", failures)
+        usage_error(a, ["--swa-cache", "checkpoint:7"], "--swa-cache", failures)
     return oc.report("engine_settings_test", failures, t0)
 
 

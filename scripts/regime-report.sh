@@ -27,8 +27,13 @@ mkdir -p "$work"
 "$bitroll" make-model --shape hybrid-bench --out "$work/model" >/dev/null
 only=()
 [ -n "${REGIME_ONLY:-}" ] && only=(--only "$REGIME_ONLY")
+# The command as the report shows it: with the settings that differ from the defaults.
+cmd="scripts/regime-report.sh"
+for v in REGIME_ONLY REGIME_REPS REGIME_SCALE; do
+  [ -n "${!v:-}" ] && cmd="$v=${!v} $cmd"
+done
 PYTHONPATH="$build/python" /usr/bin/python3 "$root/tests/bench/regimes/report.py" \
   --bitroll "$bitroll" --model "$work/model" --work "$work" \
   --md "$root/docs/regimes.md" --img "$root/docs/img" \
   --scale "${REGIME_SCALE:-0.6}" --reps "${REGIME_REPS:-3}" "${only[@]}" \
-  --command "scripts/regime-report.sh"
+  --command "$cmd"

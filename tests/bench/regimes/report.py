@@ -62,7 +62,10 @@ def settings(flags, cores):
         base = [(n + " swa-full", a + ["--serve-arg=--swa-cache=full"]) for n, a in base[:1]] + \
                base[1:] + \
                [("1x%d swa-ckpt512" % cores, b1 + ["--serve-arg=--swa-cache=checkpoint:512"]),
-                ("1x%d swa-recompute" % cores, b1 + ["--serve-arg=--swa-cache=recompute"])]
+                ("1x%d swa-recompute" % cores, b1 + ["--serve-arg=--swa-cache=recompute"]),
+                # where the policy matters most: a KV budget that full store fills
+                ("1x%d kv128 swa-recompute" % cores,
+                 base[3][1] + ["--serve-arg=--swa-cache=recompute"])]
     else:
         skipped.append("SWA prefix-cache policy (`bitroll serve --help` lists no --swa-cache "
                        "yet: every run keeps all sliding-window blocks, i.e. full store)")

@@ -31,6 +31,7 @@
 #include "engine/cpu_engine.h"
 #include "engine/make_model.h"
 #include "engine/model_loader.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 
@@ -46,10 +47,7 @@ struct Config {
   kernels::DType kv = kernels::DType::kF32;  // KV cache element type
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using bench::Median;
 
 // Matmul flops per token (2 per multiply-add), excluding attention.
 double MatmulFlopsPerToken(const engine::ModelConfig& c) {

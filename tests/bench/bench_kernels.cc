@@ -39,6 +39,7 @@
 #include "kernels/cpu/math.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
+#include "tests/bench/bench_util.h"
 
 namespace bk = bitroll::kernels;
 
@@ -61,10 +62,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return b - a;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bitroll::bench::Median;
 
 // Seconds per call of fn: repeats until >= min_s has passed; median over reps.
 double TimePerCall(const std::function<void()>& fn, int reps, double min_s = 0.02) {

@@ -22,6 +22,7 @@
 #include "engine/cpu_engine.h"
 #include "engine/loaders/hf.h"
 #include "engine/make_model_hf.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 
@@ -99,10 +100,7 @@ Rate DecodeRate(std::shared_ptr<const engine::ModelWeights> w, int batch, int th
   return {double(decoded) / seconds, double(decoded) / cpu};
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
 }  // namespace
 

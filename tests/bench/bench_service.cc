@@ -35,6 +35,7 @@
 #include "rollout/client.h"
 #include "rollout/coordinator.h"
 #include "tests/bench/bench_flags.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 
@@ -64,10 +65,7 @@ struct Workload {
   int vocab = 0;
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using bench::Median;
 
 double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();

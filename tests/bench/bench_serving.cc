@@ -24,6 +24,7 @@
 #include "engine/cpu_engine.h"
 #include "engine/make_model.h"
 #include "engine/model_loader.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 
@@ -37,10 +38,7 @@ struct Args {
   int reps = 3;
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using bench::Median;
 
 double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();

@@ -35,6 +35,7 @@
 #include "engine/make_model_hf.h"
 #include "engine/model_loader.h"
 #include "tests/bench/bench_flags.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 
@@ -50,10 +51,7 @@ struct Args {
   int misses = 2;
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using bench::Median;
 
 engine::HfModelShape BenchShape() {
   engine::HfModelShape s;

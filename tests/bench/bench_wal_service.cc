@@ -48,6 +48,7 @@
 #include "rollout/coordinator.h"
 #include "rollout/metrics.h"
 #include "tests/bench/bench_flags.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 
@@ -73,10 +74,7 @@ struct Args {
   std::exit(1);
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using bench::Median;
 
 struct Mode {
   const char* name;

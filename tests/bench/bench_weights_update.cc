@@ -23,6 +23,7 @@
 #include "rollout/coordinator.h"
 #include "rollout/malloc_tuning.h"
 #include "tests/bench/bench_flags.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 
@@ -34,10 +35,7 @@ int Fail(const Status& s) {
   return 1;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
 int Run(int argc, char** argv) {
   std::string shape_name = "stories15m", work = "/tmp/bitroll_bench_weights";

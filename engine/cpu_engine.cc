@@ -176,9 +176,14 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
     if (swa.policy == SwaCachePolicy::kCheckpoint) {
       cached = as_full * std::min<int64_t>(window_blocks * bs, swa.checkpoint) / swa.checkpoint;
     }
-    kv.num_sliding_blocks = std::min(as_full, running_need + cached);
-    kv.num_blocks = (budget - kv.num_sliding_blocks * sliding_bytes) / full_bytes;
     const int64_t one_seq = std::min(window_blocks + step_blocks + 1, per_seq);
+    // The running windows' reservation is capped at half the blocks of the full split (but never
+    // below one sequence's need): max_running windows of a wide window can otherwise take a small
+    // budget whole, and a policy that caches less sliding state would free no room for the full
+    // layers. Past the cap, sequences wait for sliding blocks as they wait for full ones.
+    const int64_t running = std::min(running_need, std::max(one_seq, as_full / 2));
+    kv.num_sliding_blocks = std::min(as_full, running + cached);
+    kv.num_blocks = (budget - kv.num_sliding_blocks * sliding_bytes) / full_bytes;
     if (kv.num_sliding_blocks < one_seq) {
       return Status::InvalidArgument("engine: kv_cache_bytes " + std::to_string(budget) +
                                      " leaves the sliding layers fewer blocks than one sequence "

@@ -354,6 +354,27 @@ TEST(SwaCache, BlockAccountingUnderRandomOperations) {
   }
 }
 
+// Under a budget that max_running windows would fill, a policy that caches less sliding state
+// still leaves the full layers more room: capacity is the point of checkpoint and recompute.
+TEST(SwaCache, LeanPoliciesGiveTheFullLayersMoreBlocksUnderASmallBudget) {
+  const int64_t budget = 400 * BlockBytes("swa-5to1-tiny");
+  int64_t full_blocks[3] = {};
+  int i = 0;
+  for (const char* policy : {"full", "checkpoint:256", "recompute"}) {
+    EngineSetup s;
+    s.swa_cache = policy;
+    s.kv_cache_bytes = budget;
+    auto e = MakeEngine(s, HfShapeModel("swa-5to1-tiny"));
+    ASSERT_NE(e, nullptr) << policy;
+    const engine::EngineStats st = e->stats();
+    full_blocks[i++] = st.kv_blocks_total;
+    EXPECT_GT(st.kv_sliding_blocks_total, 0) << policy;
+  }
+  EXPECT_GT(full_blocks[1], full_blocks[0]) << "checkpoint:256 vs full";
+  EXPECT_GT(full_blocks[2], full_blocks[1]) << "recompute vs checkpoint:256";
+  EXPECT_GT(full_blocks[2], 3 * full_blocks[0] / 2) << "recompute vs full";
+}
+
 TEST(SwaCache, BadPoliciesAreTypedErrors) {
   for (const char* bad : {"", "fulll", "checkpoint:", "checkpoint:0", "checkpoint:24",
                           "checkpoint:-16", "checkpoint:16x", "recompute "}) {

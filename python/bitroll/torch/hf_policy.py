@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from . import moe_ops, ops
-from .policy import Batch, _Embedding, _from_padded, _Linear, _Norm, pack
+from .policy import Batch, _Embedding, _from_padded, _Linear, _Norm, completion_rows
 
 
 class _Mlp(nn.Module):
@@ -324,29 +324,11 @@ class HfPolicy(nn.Module):
                             routes=None, return_routes=False, replay_weights="recorded"):
         """As Policy.completion_logprobs; routes / return_routes as in logprobs, per trajectory
         (positions of prompt + completion)."""
-        if len(prompts) != len(completions) or (masks is not None and
-                                                len(masks) != len(completions)):
-            raise ValueError("completion_logprobs: prompts, completions and masks differ in "
-                             "length")
-        prompts = [[int(t) for t in p] for p in prompts]
-        completions = [[int(t) for t in c] for c in completions]
-        if any(len(p) == 0 or len(c) == 0 for p, c in zip(prompts, completions)):
-            raise ValueError("completion_logprobs: empty prompt or completion")
-        batch = pack([p + c for p, c in zip(prompts, completions)])
-        res = self.logprobs(batch, temperature=temperature, routes=routes,
-                            return_routes=return_routes, replay_weights=replay_weights)
-        lp, own = res if return_routes else (res, None)
-        out = []
-        for i, (p, c, start) in enumerate(zip(prompts, completions,
-                                              batch.cu_seqlens[:-1].tolist())):
-            row = lp[start + len(p):start + len(p) + len(c)]
-            if masks is not None:
-                m = torch.as_tensor(np.asarray(masks[i]), dtype=torch.bool)
-                if m.shape != row.shape:
-                    raise ValueError(f"completion_logprobs: mask {i} has {m.numel()} entries, "
-                                     f"the completion {len(c)}")
-                row = torch.where(m, row, torch.zeros((), dtype=row.dtype))
-            out.append(row)
+        out, own = completion_rows(
+            prompts, completions, masks,
+            lambda batch: self.logprobs(batch, temperature=temperature, routes=routes,
+                                        return_routes=return_routes,
+                                        replay_weights=replay_weights))
         return (out, own) if return_routes else out
 
 

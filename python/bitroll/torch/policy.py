@@ -269,25 +269,33 @@ class Policy(nn.Module):
         (Trajectory.logprobs): float32 [len(completion)], 0 at injected tokens (mask 0), in one
         packed batch. prompts and completions are token-id sequences (completion >= 1 token);
         masks (optional) are 1 for sampled and 0 for injected tokens. Differentiable."""
-        if len(prompts) != len(completions) or (masks is not None and
-                                                len(masks) != len(completions)):
-            raise ValueError("completion_logprobs: prompts, completions and masks differ in "
-                             "length")
-        prompts = [[int(t) for t in p] for p in prompts]
-        completions = [[int(t) for t in c] for c in completions]
-        if any(len(p) == 0 or len(c) == 0 for p, c in zip(prompts, completions)):
-            raise ValueError("completion_logprobs: empty prompt or completion")
-        batch = pack([p + c for p, c in zip(prompts, completions)])
-        lp = self.logprobs(batch, temperature=temperature)
-        out = []
-        for i, (p, c, start) in enumerate(zip(prompts, completions,
-                                              batch.cu_seqlens[:-1].tolist())):
-            row = lp[start + len(p):start + len(p) + len(c)]
-            if masks is not None:
-                m = torch.as_tensor(np.asarray(masks[i]), dtype=torch.bool)
-                if m.shape != row.shape:
-                    raise ValueError(f"completion_logprobs: mask {i} has {m.numel()} entries, "
-                                     f"the completion {len(c)}")
-                row = torch.where(m, row, torch.zeros((), dtype=row.dtype))
-            out.append(row)
-        return out
+        return completion_rows(prompts, completions, masks,
+                               lambda batch: self.logprobs(batch, temperature=temperature))[0]
+
+
+def completion_rows(prompts, completions, masks, logprobs):
+    """completion_logprobs of both policies: checks the lists, packs prompt + completion per
+    trajectory, calls logprobs(batch) (a [tokens] tensor, or (tensor, extra)) and slices each
+    completion's rows, 0 where masks says injected. Returns (rows, extra or None)."""
+    if len(prompts) != len(completions) or (masks is not None and
+                                            len(masks) != len(completions)):
+        raise ValueError("completion_logprobs: prompts, completions and masks differ in length")
+    prompts = [[int(t) for t in p] for p in prompts]
+    completions = [[int(t) for t in c] for c in completions]
+    if any(len(p) == 0 or len(c) == 0 for p, c in zip(prompts, completions)):
+        raise ValueError("completion_logprobs: empty prompt or completion")
+    batch = pack([p + c for p, c in zip(prompts, completions)])
+    res = logprobs(batch)
+    lp, extra = res if isinstance(res, tuple) else (res, None)
+    out = []
+    for i, (p, c, start) in enumerate(zip(prompts, completions,
+                                          batch.cu_seqlens[:-1].tolist())):
+        row = lp[start + len(p):start + len(p) + len(c)]
+        if masks is not None:
+            m = torch.as_tensor(np.asarray(masks[i]), dtype=torch.bool)
+            if m.shape != row.shape:
+                raise ValueError(f"completion_logprobs: mask {i} has {m.numel()} entries, "
+                                 f"the completion {len(c)}")
+            row = torch.where(m, row, torch.zeros((), dtype=row.dtype))
+        out.append(row)
+    return out, extra

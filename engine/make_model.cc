@@ -122,13 +122,7 @@ std::vector<std::string> TokenizerPieces(int32_t vocab) {
 }  // namespace
 
 Result<ModelShape> NamedShape(std::string_view name) {
-  std::string known;
-  for (const ModelShape& s : kShapes) {
-    if (s.name == name) return s;
-    known += (known.empty() ? "" : ", ") + s.name;
-  }
-  return Status::NotFound("no model shape named \"" + std::string(name) + "\" (known: " + known +
-                          ")");
+  return FindShape(kShapes, name);
 }
 
 Status WriteRandomModel(const ModelShape& shape, uint64_t seed, const std::string& model_path,

@@ -19,6 +19,7 @@
 // Thread-safety: pure functions of their arguments (and the files they write).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -49,6 +50,19 @@ struct ModelShape {
 //                     tests/bench/bench_cuda_engine.cc builds it in memory instead)
 // Errors: kNotFound for any other name (the message lists the known ones).
 Result<ModelShape> NamedShape(std::string_view name);
+
+// The shape named `name` in a table of shapes (anything with a `name`), or kNotFound listing the
+// known names. Shared by NamedShape and NamedHfShape (engine/make_model_hf.h).
+template <typename Shape, size_t N>
+Result<Shape> FindShape(const Shape (&shapes)[N], std::string_view name) {
+  std::string known;
+  for (const Shape& s : shapes) {
+    if (s.name == name) return s;
+    known += (known.empty() ? "" : ", ") + std::string(s.name);
+  }
+  return Status::NotFound("no model shape named \"" + std::string(name) + "\" (known: " + known +
+                          ")");
+}
 
 // Writes the checkpoint to `model_path` and the tokenizer to `tokenizer_path` (overwriting).
 // Errors: kInvalidArgument (a shape ModelConfig::Validate rejects, or vocab_size < 259: the

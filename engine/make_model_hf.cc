@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/make_model.h"
 #include "engine/model_weights.h"
 #include "kernels/cpu/philox.h"
 
@@ -213,13 +214,7 @@ Status WriteText(const std::string& path, const std::string& text) {
 }  // namespace
 
 Result<HfModelShape> NamedHfShape(std::string_view name) {
-  std::string known;
-  for (const HfModelShape& s : kShapes) {
-    if (s.name == name) return s;
-    known += (known.empty() ? "" : ", ") + s.name;
-  }
-  return Status::NotFound("no model shape named \"" + std::string(name) + "\" (known: " + known +
-                          ")");
+  return FindShape(kShapes, name);
 }
 
 Status WriteRandomHfModel(const HfModelShape& shape, uint64_t seed, const std::string& dir) {

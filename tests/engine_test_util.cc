@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -22,6 +23,28 @@ namespace bitroll::testing_util {
 std::string ModelsDir() {
   const char* env = std::getenv("BITROLL_MODELS_DIR");
   return env != nullptr && *env != '\0' ? env : BITROLL_MODELS_DIR;
+}
+
+std::vector<double> HfReferenceLogprobs(const std::string& dir, const std::vector<int32_t>& tokens,
+                                        const std::string& extra) {
+  std::string list;
+  for (int32_t t : tokens) list += (list.empty() ? "" : ",") + std::to_string(t);
+  const std::string cmd = std::string("/usr/bin/python3 ") + BITROLL_SOURCE_DIR +
+                          "/tests/hf_reference.py --model " + dir + " --tokens " + list + extra;
+  std::string text;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return {};
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) text.append(buf, n);
+  if (::pclose(p) != 0) return {};
+  std::vector<double> out;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t nl = text.find('\n', pos);
+    out.push_back(std::strtod(text.substr(pos, nl - pos).c_str(), nullptr));
+    pos = nl == std::string::npos ? text.size() : nl + 1;
+  }
+  return out;
 }
 
 std::shared_ptr<const engine::ModelWeights> Stories260K() {

@@ -43,6 +43,12 @@ struct EngineSetup {
 // process and loaded; nullptr (and a test failure) on error.
 std::shared_ptr<const engine::ModelWeights> HfShapeModel(const std::string& name);
 
+// The float64 logprobs of tests/hf_reference.py (the independent numpy forward), one per token
+// after the first, for `tokens` of the Hugging Face folder `dir`; `extra` adds flags (e.g.
+// " --break no_sinks"). Empty when the script fails.
+std::vector<double> HfReferenceLogprobs(const std::string& dir, const std::vector<int32_t>& tokens,
+                                        const std::string& extra = "");
+
 std::unique_ptr<engine::CpuEngine> MakeEngine(
     const EngineSetup& setup, std::shared_ptr<const engine::ModelWeights> w = nullptr);
 

@@ -134,17 +134,6 @@ bool HavePythonNumpy() {
   return ok;
 }
 
-std::string RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  if (::pclose(p) != 0) return "";
-  return out;
-}
-
 struct HfCase {
   const char* name;
   const char* args;
@@ -182,19 +171,8 @@ TEST_P(HfReference, LogprobsMatchNumpyForward) {
   std::mt19937 rng(42);
   std::vector<int32_t> tokens(40);
   for (int32_t& t : tokens) t = int32_t(rng() % uint32_t(w->config.vocab_size));
-  std::string list;
-  for (int32_t t : tokens) list += (list.empty() ? "" : ",") + std::to_string(t);
   auto reference = [&](const std::string& extra) {
-    const std::string text =
-        RunCommand("/usr/bin/python3 " + src + "/tests/hf_reference.py --model " + dir.string() +
-                   " --tokens " + list + extra);
-    std::vector<double> out;
-    for (size_t pos = 0; pos < text.size();) {
-      const size_t nl = text.find('\n', pos);
-      out.push_back(std::strtod(text.substr(pos, nl - pos).c_str(), nullptr));
-      pos = nl == std::string::npos ? text.size() : nl + 1;
-    }
-    return out;
+    return testing_util::HfReferenceLogprobs(dir.string(), tokens, extra);
   };
   const std::vector<double> ref = reference("");
   ASSERT_EQ(ref.size(), tokens.size() - 1);

@@ -127,27 +127,6 @@ TEST(SwaInvariance, KvMemoryPerLayerKind) {
 
 // ---- the independent numpy forward (tests/hf_reference.py) ----
 
-std::string RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  if (::pclose(p) != 0) return "";
-  return out;
-}
-
-std::vector<double> ParseLines(const std::string& text) {
-  std::vector<double> out;
-  for (size_t pos = 0; pos < text.size();) {
-    const size_t nl = text.find('\n', pos);
-    out.push_back(std::strtod(text.substr(pos, nl - pos).c_str(), nullptr));
-    pos = nl == std::string::npos ? text.size() : nl + 1;
-  }
-  return out;
-}
-
 double MaxErr(const std::vector<float>& a, const std::vector<double>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
@@ -173,12 +152,8 @@ TEST(SwaReference, LogprobsMatchNumpyForwardAndBrokenReferencesDisagree) {
     std::mt19937 rng(42);
     std::vector<int32_t> tokens(64);
     for (int32_t& t : tokens) t = int32_t(3 + rng() % 500);
-    std::string list;
-    for (int32_t t : tokens) list += (list.empty() ? "" : ",") + std::to_string(t);
     auto reference = [&](const std::string& extra) {
-      return ParseLines(RunCommand("/usr/bin/python3 " + std::string(BITROLL_SOURCE_DIR) +
-                                   "/tests/hf_reference.py --model " + dir.string() + " --tokens " +
-                                   list + extra));
+      return testing_util::HfReferenceLogprobs(dir.string(), tokens, extra);
     };
     SequenceRequest r;
     r.id = 1;

@@ -155,6 +155,7 @@ using internal::kMaxChunkJobs;
 constexpr int32_t kGroupQueries = 8;
 // A tile group of fewer rows runs RunSingle instead (most of the tile's lanes would idle).
 constexpr int32_t kMinTileQueries = 4;
+static_assert(kMinTileQueries <= kGroupQueries, "a group too short for a tile fits RunSingle");
 
 // out[i] <- the canonical partial of jobs[i]; bit-identical to ChunkPartial of each job alone.
 void ChunkPartialsIsa(Isa isa, const AttentionParams& p, const ChunkJob* jobs, int32_t n,
@@ -415,9 +416,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         internal::AttentionTileAvx512(p, t[0], t[1], t[2]);
         return;
       }
-      for (int32_t i = 0; i < t[1]; i += kGroupQueries) {  // a short tile group: 8 at a time
-        RunSingle(isa, p, t[0] + i, std::min(kGroupQueries, t[1] - i), t[2]);
-      }
+      RunSingle(isa, p, t[0], t[1], t[2]);  // <= kGroupQueries rows: no tile, or a short group
       return;
     }
     const int64_t k = -1 - t[0];

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "schema/translate_common.h"
+#include "schema/wire_translate.h"  // translate_internal::SamplingFrom
 
 namespace bitroll {
 

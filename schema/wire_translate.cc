@@ -51,18 +51,6 @@ flatbuffers::Offset<wire::SamplingParams> SamplingToWire(flatbuffers::FlatBuffer
   return wire::CreateSamplingParams(fbb, p.temperature, p.top_k, p.top_p, p.min_p);
 }
 
-SamplingParams SamplingFromWire(const wire::SamplingParams* sp, uint64_t seed) {
-  return translate_internal::SamplingFrom(sp, seed);
-}
-
-SamplingParams SamplingFromWire(const wire::SubmitRollouts& m) {
-  return SamplingFromWire(m.sampling(), m.seed());
-}
-
-SamplingParams SamplingFromWire(const wire::WorkItem& w) {
-  return SamplingFromWire(w.sampling(), w.seed());
-}
-
 flatbuffers::Offset<wire::Fingerprint> FingerprintToWire(flatbuffers::FlatBufferBuilder& fbb,
                                                          const NumericsFingerprint& f) {
   return wire::CreateFingerprint(fbb, f.weights_hash, f.kernel_version, f.attention_chunk,

@@ -7,7 +7,9 @@
 // the wire schema (wal/ stores the wire request as opaque bytes and is built and tested without
 // it), and the wire side has no business with the log's tables. One header per schema keeps each
 // include graph honest; both live in the bitroll_schema library, next to the schemas and the
-// vocabulary, and each has its round-trip test in schema/translate_test.cc.
+// vocabulary, and each has its round-trip test in schema/translate_test.cc. The one exception:
+// the sampling parameters' field reads, a template below, are shared with the log's translator
+// (wal_translate.cc includes this header; wal_translate.h and wal/ do not).
 //
 // Enum mirrors are checked at compile time, enumerator by enumerator (wire_translate.cc).
 //
@@ -22,15 +24,42 @@
 
 namespace bitroll {
 
+namespace translate_internal {
+
+// The per-field reads of the sampling parameters, the one copy of them. `sp` is a
+// wire::SamplingParams table or a wal::fb::SamplingParams struct (schema/wal_translate.cc reads the
+// log with it: both generated types have the same accessors); null: the defaults. This template
+// needs no generated code of its own, so including this header adds no log symbols to a binary.
+template <typename Table>
+SamplingParams SamplingFrom(const Table* sp, uint64_t seed) {
+  SamplingParams p;
+  if (sp != nullptr) {
+    p.temperature = sp->temperature();
+    p.top_k = sp->top_k();
+    p.top_p = sp->top_p();
+    p.min_p = sp->min_p();
+  }
+  p.seed = seed;
+  return p;
+}
+
+}  // namespace translate_internal
+
 // SamplingParams. On the wire `seed` is a field of the message that holds the SamplingParams
 // table (SubmitRollouts.seed, WorkItem.seed), so SamplingToWire writes the four table fields and
 // the caller passes params.seed to the message's seed slot; the readers take the whole message.
 flatbuffers::Offset<wire::SamplingParams> SamplingToWire(flatbuffers::FlatBufferBuilder& fbb,
                                                          const SamplingParams& p);
 // A missing table gives the schema's defaults (temperature 1, filters off).
-SamplingParams SamplingFromWire(const wire::SamplingParams* sp, uint64_t seed);
-SamplingParams SamplingFromWire(const wire::SubmitRollouts& m);
-SamplingParams SamplingFromWire(const wire::WorkItem& w);
+inline SamplingParams SamplingFromWire(const wire::SamplingParams* sp, uint64_t seed) {
+  return translate_internal::SamplingFrom(sp, seed);
+}
+inline SamplingParams SamplingFromWire(const wire::SubmitRollouts& m) {
+  return SamplingFromWire(m.sampling(), m.seed());
+}
+inline SamplingParams SamplingFromWire(const wire::WorkItem& w) {
+  return SamplingFromWire(w.sampling(), w.seed());
+}
 
 flatbuffers::Offset<wire::Fingerprint> FingerprintToWire(flatbuffers::FlatBufferBuilder& fbb,
                                                          const NumericsFingerprint& f);

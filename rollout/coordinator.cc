@@ -152,8 +152,9 @@ void Coordinator::State::OnSubmit(const std::string& client, const std::string& 
                      gid);
   }
   if (!parked_key.empty()) return ReattachParked(parked_key, client);
-  // Every sample is sent to a replica as one work item that repeats its prompt; one that could
-  // not travel to a replica is refused here rather than lost on the way.
+  // The request travels to a replica, verbatim, in each ReplicaWork message that carries work of
+  // the group (Dispatch); one that could not travel with its items is refused here rather than
+  // lost on the way.
   if (size > ReplicaMessageLimit(options.decode) / 2) {
     return SendError(client, e->request_id(),
                      Status::ResourceExhausted(
@@ -376,22 +377,14 @@ void Coordinator::State::Dispatch() {
     return;
   }
   const auto now = Clock::now();
-  std::unordered_map<int, std::pair<std::unique_ptr<flatbuffers::FlatBufferBuilder>,
-                                    std::vector<flatbuffers::Offset<wire::WorkItem>>>>
-      batches;
-  // Per replica's open message: each group's request parts, encoded once for all its items.
-  std::unordered_map<int, std::unordered_map<const wire::SubmitRollouts*, WorkItemShared>> shared;
-  // One ReplicaWork message per replica and pass, cut when it reaches a quarter of what a
-  // replica accepts: an item is at most about half of it (OnSubmit), so no message is refused.
-  const size_t cut = ReplicaMessageLimit(options.decode) / 4;
+  std::unordered_map<int, std::unique_ptr<ReplicaWorkBuilder>> batches;
+  // One ReplicaWork message per replica and pass, holding each group's request once. A message
+  // is cut when it reaches half of what a replica accepts, and before a request that would take
+  // it past half: a request is at most half (OnSubmit), so no message is refused.
+  const size_t half = ReplicaMessageLimit(options.decode) / 2;
   auto send_batch = [&](int r) {
-    auto& batch = batches[r];
-    auto& fbb = *batch.first;
-    auto work = wire::CreateReplicaWork(fbb, fbb.CreateVector(batch.second));
-    FinishEnvelope(fbb, 0, wire::Message_ReplicaWork, work.Union());
-    SendReplica(r, fbb);
+    SendReplicaBytes(r, batches[r]->Finish());
     batches.erase(r);
-    shared.erase(r);
   };
   queue.Drain([&](uint64_t id) {
     Work* found = table.FindWork(id);
@@ -405,19 +398,20 @@ void Coordinator::State::Dispatch() {
     w.queue_seconds += Seconds(now - w.enqueued);
     replicas[r].inflight.insert(id);
     journal->OnDispatched(&w);
+    const std::string_view request = w.group->buffer;
+    if (auto it = batches.find(r); it != batches.end() && !it->second->Holds(request) &&
+                                   it->second->size() + request.size() > half) {
+      send_batch(r);
+    }
     auto& batch = batches[r];
-    if (!batch.first) batch.first = std::make_unique<flatbuffers::FlatBufferBuilder>(4096);
+    if (!batch) batch = std::make_unique<ReplicaWorkBuilder>();
     std::span<const int32_t> forced(w.tokens);
     forced = forced.subspan(std::min<size_t>(forced.size(), w.sampled_base));
-    TurnInput turn{w.ctx_ids, w.inject,
-                   w.group->submit->max_tokens() - static_cast<int32_t>(w.sampled_base)};
+    TurnInput turn{w.ctx_ids, w.inject, static_cast<int32_t>(w.sampled_base)};
     const bool later = !w.ctx_ids.empty() || !w.inject.empty();
-    WorkItemShared& sh = shared[r][w.group->submit];
-    sh.request = w.group->submit;
-    batch.second.push_back(BuildWorkItem(*batch.first, *w.group->submit, w.id,
-                                         {w.group->group_id, w.prompt_index, w.sample_index},
-                                         forced, wal() != nullptr, later ? &turn : nullptr, &sh));
-    if (batch.first->GetSize() >= cut) send_batch(r);
+    batch->Add(request, w.id, {w.group->group_id, w.prompt_index, w.sample_index}, forced,
+               wal() != nullptr, later ? &turn : nullptr);
+    if (batch->size() >= half) send_batch(r);
     return FairQueue::Take::kTaken;
   });
   std::vector<int> open;

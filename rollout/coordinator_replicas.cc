@@ -74,6 +74,16 @@ void Coordinator::State::OnHello(const std::string& identity, const wire::Envelo
   const wire::ReplicaHello* h = e->msg_as_ReplicaHello();
   const NumericsFingerprint fp = FingerprintFromWire(h->fingerprint());
   const std::string name = h->name() ? h->name()->str() : "replica";
+  if (Status v = CheckReplicaHello(*h); !v.ok()) {
+    spdlog::error("coordinator: replica {} refused: {}", name, v.message());
+    try {
+      back.send(zmq::buffer(identity), zmq::send_flags::sndmore);
+      back.send(zmq::buffer(EncodeError(0, v)), zmq::send_flags::none);
+    } catch (const zmq::error_t&) {
+      // gone already: nothing to tell
+    }
+    return;
+  }
   if (fingerprint &&
       (fingerprint->weights_hash != fp.weights_hash ||
        fingerprint->kernel_version != fp.kernel_version ||

@@ -55,7 +55,8 @@ zmq::socket_t FakeReplica(zmq::context_t& ctx, const std::string& endpoint, cons
   flatbuffers::FlatBufferBuilder fbb;
   auto fp = wire::CreateFingerprint(fbb, NullEngineOptions{}.weights_hash, 0, 0,
                                     fbb.CreateString("null"));
-  auto h = wire::CreateReplicaHello(fbb, fbb.CreateString(name), 512, 4096, fp, 64, 0, true);
+  auto h = wire::CreateReplicaHello(fbb, fbb.CreateString(name), 512, 4096, fp, 64, 0, true, -1,
+                                    kReplicaProtocolVersion);
   FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
   fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
   return fake;
@@ -410,7 +411,18 @@ TEST(CoordinatorTest, SilentReplicaTimesOutAndItsWorkMoves) {
   std::vector<uint64_t> aligned;
   auto env = DecodeEnvelope(AlignForRead(work.data(), work.size(), &aligned), work.size(), {});
   ASSERT_TRUE(env.ok());
-  EXPECT_EQ((*env)->msg_type(), wire::Message_ReplicaWork);
+  ASSERT_EQ((*env)->msg_type(), wire::Message_ReplicaWork);
+  // The group's request travels once, its 24 items naming it.
+  const wire::ReplicaWork* rw = (*env)->msg_as_ReplicaWork();
+  ASSERT_NE(rw->requests(), nullptr);
+  ASSERT_EQ(rw->requests()->size(), 1u);
+  ASSERT_EQ(rw->items()->size(), 24u);
+  for (const wire::WorkItem* item : *rw->items()) {
+    auto m = RequestOf(*rw, *item);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ((*m)->group_id(), 1u);
+    EXPECT_EQ(SamplingFromWire(**m).seed, q.seed);
+  }
   // A good replica joins; once the silent one times out its work moves there.
   std::atomic<bool> stop{false};
   NullEngine eng({});
@@ -441,6 +453,80 @@ TEST(CoordinatorTest, SilentReplicaTimesOutAndItsWorkMoves) {
   good.join();
 }
 
+// A replica of another replica protocol version (here: a build that does not send the field,
+// version 1) gets Error{code: Protocol} and is not admitted; one of this version is.
+TEST(CoordinatorTest, ReplicaOfAnotherProtocolVersionGetsTypedError) {
+  CoordinatorOptions o;
+  o.replica_bind = "tcp://127.0.0.1:*";
+  Server s = StartServer(1, o);
+  zmq::context_t ctx(1);
+  zmq::socket_t old(ctx, zmq::socket_type::dealer);
+  old.set(zmq::sockopt::linger, 0);
+  old.set(zmq::sockopt::rcvtimeo, kTimeoutMs);
+  old.connect(s.coord->replica_endpoint());
+  flatbuffers::FlatBufferBuilder fbb;
+  auto fp = wire::CreateFingerprint(fbb, NullEngineOptions{}.weights_hash, 0, 0,
+                                    fbb.CreateString("null"));
+  auto h = wire::CreateReplicaHello(fbb, fbb.CreateString("old"), 512, 4096, fp, 64, 0, true);
+  FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
+  old.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+  zmq::message_t reply;
+  ASSERT_TRUE(old.recv(reply));
+  std::vector<uint64_t> aligned;
+  auto env = DecodeEnvelope(AlignForRead(reply.data(), reply.size(), &aligned), reply.size(), {});
+  ASSERT_TRUE(env.ok()) << env.status().ToString();
+  ASSERT_EQ((*env)->msg_type(), wire::Message_Error);
+  EXPECT_EQ(StatusFromWire((*env)->msg_as_Error()).code(), ErrorCode::kProtocol);
+  auto client = Connect(s.endpoint);
+  auto st = client->GetStatus(kTimeoutMs);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->replicas.size(), 1u);  // the in-process one only
+  // Control: a replica of this version is admitted.
+  zmq::socket_t good = FakeReplica(ctx, s.coord->replica_endpoint(), "good");
+  for (int i = 0; i < 200 && st->replicas.size() < 2; ++i) {
+    std::this_thread::sleep_for(10ms);
+    st = client->GetStatus(kTimeoutMs);
+    ASSERT_TRUE(st.ok());
+  }
+  EXPECT_EQ(st->replicas.size(), 2u);
+}
+
+// The replica side: a coordinator's kProtocol refusal ends RunReplica with that error.
+TEST(CoordinatorTest, RefusedReplicaReturnsTheProtocolError) {
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.set(zmq::sockopt::rcvtimeo, kTimeoutMs);
+  router.bind("tcp://127.0.0.1:*");
+  const std::string ep = router.get(zmq::sockopt::last_endpoint);
+  std::atomic<bool> stop{false};
+  NullEngine eng({});
+  Status ended;
+  std::atomic<bool> done{false};
+  std::thread replica([&] {
+    ended = RunReplica(eng, ctx, ep, ReplicaOptions{}, stop);
+    done.store(true);
+  });
+  zmq::message_t id, body;
+  ASSERT_TRUE(router.recv(id));
+  ASSERT_TRUE(router.recv(body));
+  std::vector<uint64_t> aligned;
+  auto env = DecodeEnvelope(AlignForRead(body.data(), body.size(), &aligned), body.size(), {});
+  ASSERT_TRUE(env.ok());
+  ASSERT_EQ((*env)->msg_type(), wire::Message_ReplicaHello);
+  EXPECT_EQ((*env)->msg_as_ReplicaHello()->replica_protocol(), kReplicaProtocolVersion);
+  router.send(id, zmq::send_flags::sndmore);
+  const std::string err = EncodeError(0, Status::Protocol("replica protocol version 2 is not "
+                                                          "supported (this coordinator speaks 3)"));
+  router.send(zmq::buffer(err));
+  for (int i = 0; i < 4000 && !done.load(); ++i) std::this_thread::sleep_for(5ms);
+  const bool by_itself = done.load();
+  stop.store(true);  // ends a replica that ignored the error (the checks below then fail)
+  replica.join();
+  EXPECT_TRUE(by_itself);
+  EXPECT_EQ(ended.code(), ErrorCode::kProtocol) << ended.ToString();
+}
+
 TEST(CoordinatorTest, ReplicaWithOtherFingerprintIsRefused) {
   CoordinatorOptions o;
   o.replica_bind = "tcp://127.0.0.1:*";
@@ -451,7 +537,8 @@ TEST(CoordinatorTest, ReplicaWithOtherFingerprintIsRefused) {
   fake.connect(s.coord->replica_endpoint());
   flatbuffers::FlatBufferBuilder fbb;
   auto fp = wire::CreateFingerprint(fbb, 12345, 0, 0, fbb.CreateString("null"));
-  auto h = wire::CreateReplicaHello(fbb, fbb.CreateString("alien"), 512, 4096, fp, 64, 0, true);
+  auto h = wire::CreateReplicaHello(fbb, fbb.CreateString("alien"), 512, 4096, fp, 64, 0, true, -1,
+                                    kReplicaProtocolVersion);
   FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
   fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
   auto client = Connect(s.endpoint);

@@ -158,52 +158,44 @@ void BuildClientTokenChunk(flatbuffers::FlatBufferBuilder& fbb, const wire::Toke
   FinishEnvelope(fbb, 0, wire::Message_TokenChunk, tc.Union());
 }
 
-flatbuffers::Offset<wire::WorkItem> BuildWorkItem(flatbuffers::FlatBufferBuilder& fbb,
-                                                  const wire::SubmitRollouts& m, uint64_t work_id,
-                                                  const SampleAddress& at,
-                                                  std::span<const int32_t> forced, bool stream,
-                                                  const TurnInput* turn, WorkItemShared* shared) {
-  WorkItemShared local;
-  WorkItemShared& sh = shared != nullptr && shared->request == &m ? *shared : local;
-  if (!sh.built) {
-    if (m.sampling()) sh.sampling = SamplingToWire(fbb, SamplingFromWire(m));
-    if (m.stop_ids()) sh.stop = CopyVector(fbb, m.stop_ids());
-    if (m.tool_open()) sh.open = fbb.CreateString(m.tool_open());
-    if (m.tool_close()) sh.close = fbb.CreateString(m.tool_close());
-    if (m.stop_strings() && m.stop_strings()->size() > 0) {
-      std::vector<flatbuffers::Offset<flatbuffers::String>> v;
-      for (const auto* s : *m.stop_strings()) v.push_back(fbb.CreateString(s));
-      sh.stops = fbb.CreateVector(v);
-    }
-    sh.built = true;
+void ReplicaWorkBuilder::Add(std::string_view request, uint64_t work_id, const SampleAddress& at,
+                             std::span<const int32_t> forced, bool stream, const TurnInput* turn) {
+  auto [it, added] = index_.emplace(request.data(), static_cast<uint32_t>(requests_.size()));
+  if (added) {
+    // A nested buffer keeps its own alignment rules: its 8-byte fields stay aligned.
+    fbb_.ForceVectorAlignment(request.size(), 1, 8);
+    auto bytes =
+        fbb_.CreateVector(reinterpret_cast<const uint8_t*>(request.data()), request.size());
+    requests_.push_back(wire::CreateGroupRequest(fbb_, bytes));
   }
-  flatbuffers::Offset<wire::Prompt> prompt;
-  if (auto it = sh.prompts.find(at.prompt_index); it != sh.prompts.end()) {
-    prompt = it->second;
-  } else {
-    const wire::Prompt* p = m.prompts()->Get(at.prompt_index);
-    if (p->ids()) {
-      prompt = wire::CreatePrompt(fbb, CopyVector(fbb, p->ids()));
-    } else {
-      prompt = wire::CreatePrompt(fbb, 0, fbb.CreateString(p->text()));
-    }
-    if (&sh != &local) sh.prompts.emplace(at.prompt_index, prompt);
-  }
-  flatbuffers::Offset<flatbuffers::Vector<int32_t>> forced_ids;
-  if (!forced.empty()) forced_ids = fbb.CreateVector(forced.data(), forced.size());
-  flatbuffers::Offset<flatbuffers::Vector<int32_t>> context;
+  flatbuffers::Offset<flatbuffers::Vector<int32_t>> forced_ids, context;
   flatbuffers::Offset<flatbuffers::String> inject;
+  if (!forced.empty()) forced_ids = fbb_.CreateVector(forced.data(), forced.size());
   if (turn != nullptr && !turn->context.empty()) {
-    context = fbb.CreateVector(turn->context.data(), turn->context.size());
+    context = fbb_.CreateVector(turn->context.data(), turn->context.size());
   }
   if (turn != nullptr && !turn->inject.empty()) {
-    inject = fbb.CreateString(turn->inject.data(), turn->inject.size());
+    inject = fbb_.CreateString(turn->inject.data(), turn->inject.size());
   }
-  return wire::CreateWorkItem(fbb, work_id, at.group_id, at.prompt_index, at.sample_index, prompt,
-                              sh.sampling, m.seed(), turn ? turn->max_tokens : m.max_tokens(),
-                              sh.stop, m.stop_at_eos(), m.priority(), m.stream_tokens() || stream,
-                              forced_ids, context, inject, sh.open, sh.close, m.tool_open_id(),
-                              m.tool_close_id(), sh.stops, m.return_routing());
+  wire::WorkItemBuilder b(fbb_);
+  b.add_work_id(work_id);
+  b.add_group_id(at.group_id);
+  b.add_prompt_index(at.prompt_index);
+  b.add_sample_index(at.sample_index);
+  b.add_stream_tokens(stream);
+  if (!forced_ids.IsNull()) b.add_forced_ids(forced_ids);
+  if (!context.IsNull()) b.add_context_ids(context);
+  if (!inject.IsNull()) b.add_inject_text(inject);
+  b.add_request(it->second);
+  if (turn != nullptr) b.add_sampled_before(turn->sampled_before);
+  items_.push_back(b.Finish());
+}
+
+std::string_view ReplicaWorkBuilder::Finish() {
+  auto work =
+      wire::CreateReplicaWork(fbb_, fbb_.CreateVector(items_), fbb_.CreateVector(requests_));
+  FinishEnvelope(fbb_, 0, wire::Message_ReplicaWork, work.Union());
+  return BufferView(fbb_);
 }
 
 }  // namespace bitroll::rollout

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "rollout/protocol.h"
 #include "rollout/tool_call.h"
@@ -61,30 +62,34 @@ flatbuffers::Offset<wire::ToolCallInfo> CopyToolCallInfo(flatbuffers::FlatBuffer
 struct TurnInput {
   std::span<const int32_t> context;  // every token of the earlier turns
   std::string_view inject;           // formatted tool result to encode and append
-  int32_t max_tokens = 0;            // budget left for this turn
+  int32_t sampled_before = 0;        // tokens sampled in the earlier turns (they use the budget)
 };
 
-// What the WorkItems of one group in one builder share: the request's parts (prompt, sampling,
-// stop ids and strings, tool delimiters) are encoded once per message and group, and every item
-// points at them (a FlatBuffers table may be referenced from several places; readers see the
-// same values). Valid for one builder and one SubmitRollouts only.
-struct WorkItemShared {
-  const wire::SubmitRollouts* request = nullptr;
-  bool built = false;
-  flatbuffers::Offset<wire::SamplingParams> sampling;
-  flatbuffers::Offset<flatbuffers::Vector<int32_t>> stop;
-  flatbuffers::Offset<flatbuffers::String> open, close;
-  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> stops;
-  std::unordered_map<uint32_t, flatbuffers::Offset<wire::Prompt>> prompts;  // by prompt index
-};
+// One ReplicaWork message on its way to a replica. Each group's request goes in once, as the
+// bytes of its SubmitRollouts envelope that the coordinator keeps (never parsed or re-encoded
+// here), and every item names its request by index: the replica reads the prompt, sampling and
+// stops from it. Requests are told apart by the address of their bytes.
+class ReplicaWorkBuilder {
+ public:
+  // Sample `at` of the group whose request is `request`. `forced`: tokens to re-prefill (resume
+  // from the WAL; empty for fresh work). `stream`: ask for TokenChunks whatever the request says
+  // (the WAL logs them). `turn`: a later turn of the tool loop (null: the first).
+  void Add(std::string_view request, uint64_t work_id, const SampleAddress& at,
+           std::span<const int32_t> forced = {}, bool stream = false,
+           const TurnInput* turn = nullptr);
+  // Whether `request` is in the message already.
+  bool Holds(std::string_view request) const { return index_.count(request.data()) > 0; }
+  // Bytes written so far (about the size of the finished message).
+  size_t size() const { return fbb_.GetSize(); }
+  bool empty() const { return items_.empty(); }
+  // The finished ReplicaWork envelope; valid while the builder lives. Call once.
+  std::string_view Finish();
 
-// One WorkItem of sample (prompt_index, sample_index) of `m`, for a ReplicaWork batch. `forced`:
-// tokens to re-prefill (resume from the WAL; empty for fresh work). `stream`: ask the replica
-// for TokenChunks (the client asked for them, or the WAL logs them). `turn`: a later turn of
-// the tool loop (null: the first). The request's tool delimiters and stop strings are copied.
-flatbuffers::Offset<wire::WorkItem> BuildWorkItem(
-    flatbuffers::FlatBufferBuilder& fbb, const wire::SubmitRollouts& m, uint64_t work_id,
-    const SampleAddress& at, std::span<const int32_t> forced = {}, bool stream = false,
-    const TurnInput* turn = nullptr, WorkItemShared* shared = nullptr);
+ private:
+  flatbuffers::FlatBufferBuilder fbb_{4096};
+  std::vector<flatbuffers::Offset<wire::WorkItem>> items_;
+  std::vector<flatbuffers::Offset<wire::GroupRequest>> requests_;
+  std::unordered_map<const char*, uint32_t> index_;  // request bytes -> index in requests_
+};
 
 }  // namespace bitroll::rollout

@@ -216,6 +216,40 @@ Status CheckMessage(const void* data, size_t size, const DecodeLimits& decode,
   }
 }
 
+Result<const wire::SubmitRollouts*> RequestOf(const wire::ReplicaWork& work,
+                                              const wire::WorkItem& item) {
+  const auto* requests = work.requests();
+  const uint32_t k = item.request();
+  if (requests == nullptr || k >= requests->size()) {
+    return Status::Protocol(
+        "work item " + std::to_string(item.work_id()) + " names request " + std::to_string(k) +
+        " of " + std::to_string(requests ? requests->size() : 0) +
+        " (a coordinator of replica protocol " + std::to_string(kReplicaProtocolVersion) + "?)");
+  }
+  const wire::GroupRequest* r = requests->Get(k);
+  const wire::SubmitRollouts* m = nullptr;
+  if (r->envelope() != nullptr && r->envelope()->size() > 0) {
+    m = r->envelope_nested_root()->msg_as_SubmitRollouts();
+  }
+  if (m == nullptr || m->prompts() == nullptr) {
+    return Status::Protocol("request " + std::to_string(k) + " holds no SubmitRollouts");
+  }
+  if (item.prompt_index() >= m->prompts()->size()) {
+    return Status::Protocol("work item " + std::to_string(item.work_id()) + ": prompt " +
+                            std::to_string(item.prompt_index()) + " of a request with " +
+                            std::to_string(m->prompts()->size()));
+  }
+  return m;
+}
+
+Status CheckReplicaHello(const wire::ReplicaHello& hello) {
+  const uint32_t v = hello.replica_protocol() == 0 ? 1 : hello.replica_protocol();
+  if (v == kReplicaProtocolVersion) return Status::Ok();
+  return Status::Protocol("replica protocol version " + std::to_string(v) +
+                          " is not supported (this coordinator speaks " +
+                          std::to_string(kReplicaProtocolVersion) + ")");
+}
+
 void FinishEnvelope(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id, wire::Message type,
                     flatbuffers::Offset<void> msg, std::string_view client_id) {
   auto id = client_id.empty() ? 0 : fbb.CreateString(client_id.data(), client_id.size());

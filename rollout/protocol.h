@@ -26,6 +26,12 @@ namespace bitroll::rollout {
 // Version carried in every Envelope. Bump on an incompatible change to schema/rollout.fbs.
 inline constexpr uint32_t kProtocolVersion = 1;
 
+// Version of the replica protocol (coordinator <-> replicas), carried in ReplicaHello. A
+// coordinator admits only replicas of its own version (others get Error{code: Protocol}).
+// 2: a ReplicaWork carries each group's request once, verbatim (ReplicaWork.requests), and its
+// WorkItems name it instead of carrying copies of its prompt, sampling and stops.
+inline constexpr uint32_t kReplicaProtocolVersion = 2;
+
 struct DecodeLimits {
   // Larger messages are refused with kResourceExhausted before the verifier runs.
   size_t max_message_bytes = size_t{64} << 20;
@@ -73,6 +79,15 @@ Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits)
 // tool whose template lacks "{input}", limits out of range, a result template without
 // "{output}", an empty stop string.
 Status ValidateTools(const wire::SubmitRollouts& m);
+
+// The request a WorkItem of `work` runs: the SubmitRollouts inside work.requests[item.request]
+// (verified with the message: DecodeEnvelope verifies nested requests too). Errors: kProtocol
+// (no such request, a request that holds no SubmitRollouts, a prompt_index outside its prompts).
+Result<const wire::SubmitRollouts*> RequestOf(const wire::ReplicaWork& work,
+                                              const wire::WorkItem& item);
+
+// Refuses a ReplicaHello of another replica protocol (kProtocol; an absent field is version 1).
+Status CheckReplicaHello(const wire::ReplicaHello& hello);
 
 // DecodeEnvelope(), then the per-type checks a receiver applies (ValidateSubmit for
 // SubmitRollouts). The one entry point of the fuzz target (rollout/fuzz_decode.cc).

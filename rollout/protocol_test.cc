@@ -4,14 +4,18 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 
 #include "rollout/client.h"
+#include "rollout/messages.h"
 
 namespace bitroll::rollout {
 namespace {
@@ -295,6 +299,94 @@ TEST(ProtocolTest, FuzzSmoke10k) {
   }
   EXPECT_GT(err, 1000);
   EXPECT_GT(ok, 10);
+}
+
+// A ReplicaWork carries each group's request once, byte for byte, and its items name it.
+TEST(ProtocolTest, ReplicaWorkCarriesTheRequestVerbatimOnce) {
+  const std::string a = EncodeSubmit(GoodRequest(), 3);
+  SubmitRequest other = GoodRequest();
+  other.group_id = 8;
+  other.seed = 43;
+  const std::string b = EncodeSubmit(other, 4);
+  ReplicaWorkBuilder builder;
+  for (uint32_t j = 0; j < 4; ++j) builder.Add(a, 100 + j, {7, 1, j});
+  builder.Add(b, 200, {8, 0, 0}, {}, false, nullptr);
+  EXPECT_TRUE(builder.Holds(a));
+  EXPECT_FALSE(builder.Holds(std::string(a)));  // another copy of the bytes is another request
+  const std::string msg(builder.Finish());
+  auto env = DecodeEnvelope(msg.data(), msg.size(), DecodeLimits{});
+  ASSERT_TRUE(env.ok()) << env.status().ToString();
+  const wire::ReplicaWork* work = (*env)->msg_as_ReplicaWork();
+  ASSERT_NE(work, nullptr);
+  ASSERT_EQ(work->requests()->size(), 2u);
+  ASSERT_EQ(work->items()->size(), 5u);
+  const auto* held = work->requests()->Get(0)->envelope();
+  ASSERT_EQ(held->size(), a.size());
+  EXPECT_EQ(std::memcmp(held->data(), a.data(), a.size()), 0);
+  // Negative control: the other group's request is other bytes.
+  const auto* held_b = work->requests()->Get(1)->envelope();
+  ASSERT_EQ(held_b->size(), b.size());
+  EXPECT_EQ(std::memcmp(held_b->data(), b.data(), b.size()), 0);
+  EXPECT_NE(std::memcmp(held_b->data(), a.data(), std::min(a.size(), b.size())), 0);
+  for (uint32_t k = 0; k < 5; ++k) {
+    const wire::WorkItem* w = work->items()->Get(k);
+    auto m = RequestOf(*work, *w);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ((*m)->group_id(), k < 4 ? 7u : 8u);
+    EXPECT_EQ(SamplingFromWire(**m).seed, k < 4 ? 42u : 43u);
+  }
+}
+
+TEST(ProtocolTest, WorkItemNamingNoRequestIsAProtocolError) {
+  const std::string a = EncodeSubmit(GoodRequest(), 3);
+  ReplicaWorkBuilder builder;
+  builder.Add(a, 1, {7, 1, 0});
+  builder.Add(a, 2, {7, 2, 0});  // GoodRequest has 2 prompts: index 2 is outside
+  const std::string msg(builder.Finish());
+  auto env = DecodeEnvelope(msg.data(), msg.size(), DecodeLimits{});
+  ASSERT_TRUE(env.ok());
+  const wire::ReplicaWork* work = (*env)->msg_as_ReplicaWork();
+  EXPECT_TRUE(RequestOf(*work, *work->items()->Get(0)).ok());
+  EXPECT_EQ(RequestOf(*work, *work->items()->Get(1)).status().code(), ErrorCode::kProtocol);
+  // An item of replica protocol 1 (no requests in its message) names request 0 of none.
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<flatbuffers::Offset<wire::WorkItem>> items{wire::CreateWorkItem(fbb, 5, 7)};
+  auto old = wire::CreateReplicaWork(fbb, fbb.CreateVector(items));
+  FinishEnvelope(fbb, 0, wire::Message_ReplicaWork, old.Union());
+  auto env1 = DecodeEnvelope(fbb.GetBufferPointer(), fbb.GetSize(), DecodeLimits{});
+  ASSERT_TRUE(env1.ok());
+  const wire::ReplicaWork* w1 = (*env1)->msg_as_ReplicaWork();
+  EXPECT_EQ(RequestOf(*w1, *w1->items()->Get(0)).status().code(), ErrorCode::kProtocol);
+  // A nested envelope that holds no SubmitRollouts.
+  flatbuffers::FlatBufferBuilder inner;
+  FinishEnvelope(inner, 0, wire::Message_Status, wire::CreateStatus(inner).Union());
+  const std::string status(BufferView(inner));
+  ReplicaWorkBuilder b2;
+  b2.Add(status, 1, {7, 0, 0});
+  const std::string msg2(b2.Finish());
+  auto env2 = DecodeEnvelope(msg2.data(), msg2.size(), DecodeLimits{});
+  ASSERT_TRUE(env2.ok());
+  const wire::ReplicaWork* w2 = (*env2)->msg_as_ReplicaWork();
+  EXPECT_EQ(RequestOf(*w2, *w2->items()->Get(0)).status().code(), ErrorCode::kProtocol);
+}
+
+TEST(ProtocolTest, ReplicaHelloOfAnotherReplicaProtocolIsRefused) {
+  auto hello = [](uint32_t version) {
+    auto fbb = std::make_unique<flatbuffers::FlatBufferBuilder>();
+    auto h = wire::CreateReplicaHello(*fbb, fbb->CreateString("r"), 512, 4096, 0, 1, 0, false, -1,
+                                      version);
+    fbb->Finish(h);
+    return fbb;
+  };
+  auto now = hello(kReplicaProtocolVersion);
+  EXPECT_TRUE(
+      CheckReplicaHello(*flatbuffers::GetRoot<wire::ReplicaHello>(now->GetBufferPointer())).ok());
+  for (uint32_t v : {0u, 1u, kReplicaProtocolVersion + 1}) {  // 0: absent, a replica of version 1
+    auto other = hello(v);
+    const Status s =
+        CheckReplicaHello(*flatbuffers::GetRoot<wire::ReplicaHello>(other->GetBufferPointer()));
+    EXPECT_EQ(s.code(), ErrorCode::kProtocol) << v;
+  }
 }
 
 }  // namespace

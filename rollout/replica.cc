@@ -141,6 +141,7 @@ class ReplicaLoop {
           deferred_.pop_front();
           Handle(msg);
         }
+        if (!refused_.ok()) return refused_;
         if (engine_.HasWork()) BR_RETURN_IF_ERROR(StepOnce());
         if (Clock::now() - last_beat >= std::chrono::milliseconds(options_.heartbeat_ms)) {
           SendHeartbeat();
@@ -162,10 +163,10 @@ class ReplicaLoop {
   void SendHello() {
     const engine::ModelInfo& info = engine_.info();
     flatbuffers::FlatBufferBuilder fbb(512);
-    auto hello =
-        wire::CreateReplicaHello(fbb, fbb.CreateString(options_.name), info.vocab_size,
-                                 info.max_seq_len, FingerprintToWire(fbb, info.fingerprint),
-                                 options_.capacity, version_, options_.remote, info.eos_id);
+    auto hello = wire::CreateReplicaHello(
+        fbb, fbb.CreateString(options_.name), info.vocab_size, info.max_seq_len,
+        FingerprintToWire(fbb, info.fingerprint), options_.capacity, version_, options_.remote,
+        info.eos_id, kReplicaProtocolVersion);
     FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, hello.Union());
     Send(fbb);
   }
@@ -192,9 +193,16 @@ class ReplicaLoop {
     const wire::Envelope* e = *env;
     switch (e->msg_type()) {
       case wire::Message_ReplicaWork: {
-        const auto* items = e->msg_as_ReplicaWork()->items();
-        if (items == nullptr) return;
-        for (const wire::WorkItem* w : *items) AddWork(*w);
+        const wire::ReplicaWork* work = e->msg_as_ReplicaWork();
+        if (work->items() == nullptr) return;
+        for (const wire::WorkItem* w : *work->items()) AddWork(*work, *w);
+        return;
+      }
+      case wire::Message_Error: {
+        // The coordinator refused this replica (another replica protocol version).
+        Status s = StatusFromWire(e->msg_as_Error());
+        spdlog::error("replica={} refused by the coordinator: {}", options_.name, s.ToString());
+        if (s.code() == ErrorCode::kProtocol) refused_ = std::move(s);
         return;
       }
       case wire::Message_ReplicaAbort: {
@@ -325,31 +333,33 @@ class ReplicaLoop {
     SendUpdateReply(done.request_id, s);
   }
 
-  void AddWork(const wire::WorkItem& w) {
+  void AddWork(const wire::ReplicaWork& work, const wire::WorkItem& w) {
     engine::SequenceRequest req;
     req.id = w.work_id();
     req.group_id = w.group_id();
     req.sample_index = w.sample_index();
-    req.priority = w.priority();
-    req.sampling = SamplingFromWire(w);
-    req.stop.max_tokens = w.max_tokens();
-    req.stop.stop_at_eos = w.stop_at_eos();
-    if (w.stop_ids()) req.stop.stop_ids.assign(w.stop_ids()->begin(), w.stop_ids()->end());
     // Resume (WAL): the logged tokens are re-prefilled and re-scored, then decoding continues.
     if (w.forced_ids()) req.forced.assign(w.forced_ids()->begin(), w.forced_ids()->end());
-    req.return_routing = w.return_routing();
+    Result<const wire::SubmitRollouts*> found = RequestOf(work, w);
+    const wire::SubmitRollouts* m = found.ok() ? *found : nullptr;
+    if (m != nullptr) {
+      req.priority = m->priority();
+      req.sampling = SamplingFromWire(*m);
+      req.stop.max_tokens = m->max_tokens() - w.sampled_before();
+      req.stop.stop_at_eos = m->stop_at_eos();
+      if (m->stop_ids()) req.stop.stop_ids.assign(m->stop_ids()->begin(), m->stop_ids()->end());
+      req.return_routing = m->return_routing();
+    }
     ItemMeta meta;
     meta.group_id = w.group_id();
     meta.prompt_index = w.prompt_index();
     meta.sample_index = w.sample_index();
-    meta.stream = w.stream_tokens();
-    Status s;
-    const wire::Prompt* p = w.prompt();
-    if (p == nullptr) {
-      s = Status::InvalidArgument("work item without a prompt");
-    } else if (p->ids() != nullptr) {
+    meta.stream = w.stream_tokens() || (m != nullptr && m->stream_tokens());
+    Status s = found.status();  // the item's trajectory ends with it when not OK
+    const wire::Prompt* p = m != nullptr ? m->prompts()->Get(w.prompt_index()) : nullptr;
+    if (p != nullptr && p->ids() != nullptr) {
       req.prompt.assign(p->ids()->begin(), p->ids()->end());
-    } else if (p->text() != nullptr) {
+    } else if (p != nullptr && p->text() != nullptr) {
       Result<std::vector<int32_t>> ids = EncodeText(p->text()->string_view());
       if (ids.ok()) {
         req.prompt = std::move(ids).value();
@@ -370,7 +380,7 @@ class ReplicaLoop {
         s = ids.status();
       }
     }
-    if (s.ok()) s = MakeDetector(w, req.prompt.empty() ? -1 : req.prompt.back(), &meta);
+    if (s.ok()) s = MakeDetector(*m, req.prompt.empty() ? -1 : req.prompt.back(), &meta);
     const auto prompt_len = static_cast<int32_t>(req.prompt.size());
     const bool later_turn =
         !meta.injected.empty() || (w.context_ids() && w.context_ids()->size() > 0);
@@ -423,14 +433,14 @@ class ReplicaLoop {
     Send(fbb);
   }
 
-  Status MakeDetector(const wire::WorkItem& w, int32_t prev, ItemMeta* meta) {
+  Status MakeDetector(const wire::SubmitRollouts& m, int32_t prev, ItemMeta* meta) {
     DetectConfig dc;
-    if (w.tool_open()) dc.open = w.tool_open()->str();
-    if (w.tool_close()) dc.close = w.tool_close()->str();
-    dc.open_id = w.tool_open_id();
-    dc.close_id = w.tool_close_id();
-    if (w.stop_strings()) {
-      for (const auto* ss : *w.stop_strings()) dc.stop_strings.push_back(ss->str());
+    if (m.tool_open()) dc.open = m.tool_open()->str();
+    if (m.tool_close()) dc.close = m.tool_close()->str();
+    dc.open_id = m.tool_open_id();
+    dc.close_id = m.tool_close_id();
+    if (m.stop_strings()) {
+      for (const auto* ss : *m.stop_strings()) dc.stop_strings.push_back(ss->str());
     }
     if (dc.empty()) return Status::Ok();
     PieceDecoder dec;
@@ -617,6 +627,7 @@ class ReplicaLoop {
   int64_t streaming_ = 0;                        // live items with stream_tokens
   int64_t detecting_ = 0;                        // live items with a tool/stop detector
   uint64_t version_ = 0;
+  Status refused_;  // the coordinator's kProtocol refusal of this replica: Run returns it
   int64_t tokens_processed_ = 0;
   std::vector<uint64_t> align_buf_;  // AlignForRead storage
   // Null without ReplicaOptions::metrics.

@@ -14,8 +14,11 @@
 // until the load ends (so a replayed update still precedes the work that needs it). Engines
 // without weights of their own (the NullEngine) apply the path on this thread, as before.
 //
-// The replica never decides anything numerical: each WorkItem carries (prompt, sampling params,
-// seed, sample_index, forced tokens); the engine's results are a pure function of those. A resumed
+// The replica never decides anything numerical: each WorkItem names its group's request, which
+// travels verbatim in the same ReplicaWork (ReplicaWork.requests), and its prompt and sample
+// index; the replica reads the prompt, the sampling params (seed included), max_tokens and the
+// stops from that request. The engine's results are a pure function of those and the item's
+// forced tokens. A resumed
 // item (WorkItem.forced_ids, from the coordinator's WAL) is added with SequenceRequest::forced:
 // the engine re-prefills and re-scores the logged tokens and continues; their TokenEvents are
 // streamed like sampled ones (the coordinator skips positions it already logged).
@@ -70,8 +73,9 @@ struct ReplicaOptions {
   Metrics* metrics = nullptr;
 };
 
-// Runs the replica loop until `stop` is true. Returns OK on a clean stop, or the socket error
-// (kUnavailable) that ended it.
+// Runs the replica loop until `stop` is true. Returns OK on a clean stop, the socket error
+// (kUnavailable) that ended it, or the coordinator's kProtocol error when it refused this
+// replica's protocol version (kReplicaProtocolVersion, rollout/protocol.h).
 Status RunReplica(engine::Engine& engine, zmq::context_t& ctx, const std::string& endpoint,
                   const ReplicaOptions& options, const std::atomic<bool>& stop);
 

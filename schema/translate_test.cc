@@ -77,20 +77,24 @@ std::vector<SamplingParams> SamplingCases() {
   return {odd, greedy, SamplingParams{}};
 }
 
-TEST(WireTranslate, SamplingParamsRoundTripThroughSubmitRolloutsAndWorkItem) {
+TEST(WireTranslate, SamplingParamsRoundTripThroughSubmitRolloutsAndReplicaWork) {
   for (const SamplingParams& p : SamplingCases()) {
-    {
-      flatbuffers::FlatBufferBuilder fbb;
-      auto sp = SamplingToWire(fbb, p);
-      const auto* m = Reread(fbb, wire::CreateSubmitRollouts(fbb, 7, 0, 1, sp, p.seed));
-      ExpectSame(SamplingFromWire(*m), p);
-    }
-    {
-      flatbuffers::FlatBufferBuilder fbb;
-      auto sp = SamplingToWire(fbb, p);
-      const auto* w = Reread(fbb, wire::CreateWorkItem(fbb, 1, 2, 3, 4, 0, sp, p.seed));
-      ExpectSame(SamplingFromWire(*w), p);
-    }
+    flatbuffers::FlatBufferBuilder fbb;
+    auto sp = SamplingToWire(fbb, p);
+    auto sub = wire::CreateSubmitRollouts(fbb, 7, 0, 1, sp, p.seed);
+    fbb.Finish(wire::CreateEnvelope(fbb, 1, 0, wire::Message_SubmitRollouts, sub.Union()));
+    const auto* m = wire::GetEnvelope(fbb.GetBufferPointer())->msg_as_SubmitRollouts();
+    ExpectSame(SamplingFromWire(*m), p);
+    // A replica reads them from the same bytes nested in a ReplicaWork (never re-encoded).
+    flatbuffers::FlatBufferBuilder outer;
+    outer.ForceVectorAlignment(fbb.GetSize(), 1, 8);
+    auto bytes = outer.CreateVector(fbb.GetBufferPointer(), fbb.GetSize());
+    std::vector<flatbuffers::Offset<wire::GroupRequest>> reqs{
+        wire::CreateGroupRequest(outer, bytes)};
+    const auto* work = Reread(outer, wire::CreateReplicaWork(outer, 0, outer.CreateVector(reqs)));
+    const auto* nested = work->requests()->Get(0)->envelope_nested_root()->msg_as_SubmitRollouts();
+    ASSERT_NE(nested, nullptr);
+    ExpectSame(SamplingFromWire(*nested), p);
   }
   // No SamplingParams table: the schema's defaults, with the message's seed.
   flatbuffers::FlatBufferBuilder fbb;

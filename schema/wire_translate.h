@@ -46,8 +46,9 @@ SamplingParams SamplingFrom(const Table* sp, uint64_t seed) {
 }  // namespace translate_internal
 
 // SamplingParams. On the wire `seed` is a field of the message that holds the SamplingParams
-// table (SubmitRollouts.seed, WorkItem.seed), so SamplingToWire writes the four table fields and
-// the caller passes params.seed to the message's seed slot; the readers take the whole message.
+// table (SubmitRollouts.seed), so SamplingToWire writes the four table fields and the caller
+// passes params.seed to the message's seed slot; the reader takes the whole message. Replicas
+// read them from the request itself (ReplicaWork.requests): nothing re-encodes them.
 flatbuffers::Offset<wire::SamplingParams> SamplingToWire(flatbuffers::FlatBufferBuilder& fbb,
                                                          const SamplingParams& p);
 // A missing table gives the schema's defaults (temperature 1, filters off).
@@ -56,9 +57,6 @@ inline SamplingParams SamplingFromWire(const wire::SamplingParams* sp, uint64_t 
 }
 inline SamplingParams SamplingFromWire(const wire::SubmitRollouts& m) {
   return SamplingFromWire(m.sampling(), m.seed());
-}
-inline SamplingParams SamplingFromWire(const wire::WorkItem& w) {
-  return SamplingFromWire(w.sampling(), w.seed());
 }
 
 flatbuffers::Offset<wire::Fingerprint> FingerprintToWire(flatbuffers::FlatBufferBuilder& fbb,

@@ -46,17 +46,20 @@ std::unique_ptr<Client> Connect(const std::string& ep) {
   return std::move(c).value();
 }
 
-// A replica DEALER that says hello (NullEngine fingerprint, vocabulary 512) and then whatever the
-// test sends, or nothing at all.
-zmq::socket_t FakeReplica(zmq::context_t& ctx, const std::string& endpoint, const char* name) {
+// A replica DEALER that says hello (NullEngine fingerprint unless `weights_hash` says otherwise,
+// vocabulary 512, replica protocol `replica_protocol`, 0: the field absent, as from a build of
+// version 1) and then whatever the test sends, or nothing at all.
+zmq::socket_t FakeReplica(zmq::context_t& ctx, const std::string& endpoint, const char* name,
+                          uint64_t weights_hash = NullEngineOptions{}.weights_hash,
+                          uint32_t replica_protocol = kReplicaProtocolVersion) {
   zmq::socket_t fake(ctx, zmq::socket_type::dealer);
   fake.set(zmq::sockopt::linger, 0);
+  fake.set(zmq::sockopt::rcvtimeo, kTimeoutMs);
   fake.connect(endpoint);
   flatbuffers::FlatBufferBuilder fbb;
-  auto fp = wire::CreateFingerprint(fbb, NullEngineOptions{}.weights_hash, 0, 0,
-                                    fbb.CreateString("null"));
+  auto fp = wire::CreateFingerprint(fbb, weights_hash, 0, 0, fbb.CreateString("null"));
   auto h = wire::CreateReplicaHello(fbb, fbb.CreateString(name), 512, 4096, fp, 64, 0, true, -1,
-                                    kReplicaProtocolVersion);
+                                    replica_protocol);
   FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
   fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
   return fake;
@@ -460,16 +463,8 @@ TEST(CoordinatorTest, ReplicaOfAnotherProtocolVersionGetsTypedError) {
   o.replica_bind = "tcp://127.0.0.1:*";
   Server s = StartServer(1, o);
   zmq::context_t ctx(1);
-  zmq::socket_t old(ctx, zmq::socket_type::dealer);
-  old.set(zmq::sockopt::linger, 0);
-  old.set(zmq::sockopt::rcvtimeo, kTimeoutMs);
-  old.connect(s.coord->replica_endpoint());
-  flatbuffers::FlatBufferBuilder fbb;
-  auto fp = wire::CreateFingerprint(fbb, NullEngineOptions{}.weights_hash, 0, 0,
-                                    fbb.CreateString("null"));
-  auto h = wire::CreateReplicaHello(fbb, fbb.CreateString("old"), 512, 4096, fp, 64, 0, true);
-  FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
-  old.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+  zmq::socket_t old = FakeReplica(ctx, s.coord->replica_endpoint(), "old",
+                                  NullEngineOptions{}.weights_hash, /*replica_protocol=*/0);
   zmq::message_t reply;
   ASSERT_TRUE(old.recv(reply));
   std::vector<uint64_t> aligned;
@@ -532,15 +527,7 @@ TEST(CoordinatorTest, ReplicaWithOtherFingerprintIsRefused) {
   o.replica_bind = "tcp://127.0.0.1:*";
   Server s = StartServer(1, o);
   zmq::context_t ctx(1);
-  zmq::socket_t fake(ctx, zmq::socket_type::dealer);
-  fake.set(zmq::sockopt::linger, 0);
-  fake.connect(s.coord->replica_endpoint());
-  flatbuffers::FlatBufferBuilder fbb;
-  auto fp = wire::CreateFingerprint(fbb, 12345, 0, 0, fbb.CreateString("null"));
-  auto h = wire::CreateReplicaHello(fbb, fbb.CreateString("alien"), 512, 4096, fp, 64, 0, true, -1,
-                                    kReplicaProtocolVersion);
-  FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
-  fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+  zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "alien", 12345);
   auto client = Connect(s.endpoint);
   std::this_thread::sleep_for(100ms);
   auto st = client->GetStatus(kTimeoutMs);

@@ -1,7 +1,7 @@
 // bench_kernels: measured machine limits (FMA peak, read bandwidth, ThreadPool latency) and Matmul
 // throughput on the stories110m shapes, as % of those limits. Run by hand, briefly:
 //   build/kernels/bench_kernels [--isa=auto|scalar|avx2|avx512] [--reps=5] [--quick] [--clock=cpu]
-//                               [--attention[=CASE]]
+//                               [--attention[=CASE]] [--matmul[=CASE] [--m=M,...] [--bf16]]
 // --attention runs only the attention cases (stories110m heads: 12 x 64, block size 16): decode
 // at batch 1 (contexts 256, 4,096 and 16,384) and batch 32 (contexts 129-255), also with a bf16
 // KV pool ("bf16kv"; KV GB/s counts the K/V bytes a decode row streams), and prefill of 512 and
@@ -11,6 +11,11 @@
 // block id, interleaved with the other sequences' (a busy cache), or with --kv-consecutive
 // consecutive ids (one sequence in a fresh cache). --kv-hugepages: madvise(MADV_HUGEPAGE) on the
 // pool (the engine's KvCache does not).
+// --matmul runs only the matmul cases at the engine's batch sizes: the stories110m shapes qkv
+// (N=2304 K=768), wo (768x768), w13 (4096x768), w2 (768x2048), cls (32000x768) and "model" (all
+// of one forward's matmuls, weights streaming from DRAM) at M = --m=LIST (default
+// 1,2,16,32,64,128,256,512), fp32 weights or --bf16; --matmul=CASE only the cases whose name
+// contains CASE (e.g. --matmul=model).
 // Every figure is the median of --reps repetitions; each repetition runs for >= ~20 ms.
 // --clock=wall (default) times with the wall clock. --clock=cpu divides the process CPU time by the
 // thread count instead: on a shared, oversubscribed machine this estimates what the code does when
@@ -336,6 +341,112 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
   return 0;
 }
 
+// ---- Matmul at the engine's batch sizes (--matmul) ----
+
+// One matrix per stories110m layer matmul and the classifier (the engine's shapes).
+struct MatmulCase {
+  const char* name;
+  int64_t n, k;
+};
+constexpr MatmulCase kMatmulCases[] = {{"qkv", 2304, 768},
+                                       {"wo", 768, 768},
+                                       {"w13", 4096, 768},
+                                       {"w2", 768, 2048},
+                                       {"cls", 32000, 768}};
+
+// Runs only the matmul cases: every shape of kMatmulCases whose name contains `only` (all when
+// empty) at each M of `ms` on 1 and 2 threads, weights stored as `storage`; and the case "model":
+// the matmuls of one stories110m forward (12 layers of qkv, wo, w13, w2 with their own weights,
+// 340 MB fp32, then the classifier for M rows), so the weights stream from DRAM as in an engine
+// step instead of staying in the L3 cache. us/call is per matmul call or per model pass.
+int BenchMatmul(bk::Isa isa, int reps, const std::string& only, const std::vector<int64_t>& ms,
+                bk::DType storage) {
+  const double peak[3] = {0, FmaPeak(isa, 1, reps), FmaPeak(isa, 2, reps)};
+  std::printf("FMA peak %s GFLOP/s: %.1f (1 thread), %.1f (2 threads)\n", bk::IsaName(isa), peak[1],
+              peak[2]);
+  std::printf("\n%-6s %5s %5s %5s %3s %4s %10s %9s %8s\n", "matmul", "N", "K", "store", "thr", "M",
+              "us/call", "GFLOP/s", "%peak");
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0, 0.02f);
+  auto pack = [&](int64_t n, int64_t k) {
+    std::vector<float> w(static_cast<size_t>(n * k));
+    for (float& v : w) v = dist(rng);
+    const bk::MatrixPart part{w.data(), bk::DType::kF32, n};
+    return bk::PackedMatrix::Pack(std::span<const bk::MatrixPart>(&part, 1), k, storage);
+  };
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  std::vector<float> x(static_cast<size_t>(max_m * 4096)), y(static_cast<size_t>(max_m * 32000));
+  for (float& v : x) v = dist(rng);
+  auto run = [&](const bk::PackedMatrix& w, int64_t m, bk::ThreadPool* pool) {
+    bk::MatmulParams p;
+    p.x = x.data();
+    p.m = m;
+    p.ldx = w.k();
+    p.w = &w;
+    p.y = y.data();
+    p.ldy = w.n();
+    bk::Matmul(isa, p, pool);
+  };
+  auto report = [&](const char* name, int64_t n, int64_t k, int threads, int64_t m, double t,
+                    double flops) {
+    std::printf("%-6s %5lld %5lld %5s %3d %4lld %10.1f %9.1f %7.1f%%\n", name,
+                static_cast<long long>(n), static_cast<long long>(k),
+                storage == bk::DType::kF32 ? "f32" : "bf16", threads, static_cast<long long>(m),
+                t * 1e6, flops / t / 1e9, 100 * flops / t / 1e9 / peak[threads]);
+    std::fflush(stdout);
+  };
+  for (const MatmulCase& c : kMatmulCases) {
+    if (std::string(c.name).find(only) == std::string::npos) continue;
+    bitroll::Result<bk::PackedMatrix> pm = pack(c.n, c.k);
+    if (!pm.ok()) {
+      std::fprintf(stderr, "%s\n", pm.status().ToString().c_str());
+      return 1;
+    }
+    for (int threads : {1, 2}) {
+      bk::ThreadPool pool(threads);
+      Clock::threads = threads;
+      for (int64_t m : ms) {
+        const double t = TimePerCall([&] { run(*pm, m, &pool); }, reps);
+        report(c.name, c.n, c.k, threads, m, t, 2.0 * m * c.n * c.k);
+      }
+    }
+  }
+  if (std::string("model").find(only) == std::string::npos) return 0;
+  constexpr int kLayers = 12;
+  std::vector<bk::PackedMatrix> layers;
+  for (int l = 0; l < kLayers; ++l) {
+    for (int i = 0; i < 4; ++i) {
+      bitroll::Result<bk::PackedMatrix> pm = pack(kMatmulCases[i].n, kMatmulCases[i].k);
+      if (!pm.ok()) {
+        std::fprintf(stderr, "%s\n", pm.status().ToString().c_str());
+        return 1;
+      }
+      layers.push_back(std::move(*pm));
+    }
+  }
+  bitroll::Result<bk::PackedMatrix> cls = pack(kMatmulCases[4].n, kMatmulCases[4].k);
+  if (!cls.ok()) return 1;
+  double layer_flops_per_row = 0;
+  for (int i = 0; i < 4; ++i) layer_flops_per_row += 2.0 * kMatmulCases[i].n * kMatmulCases[i].k;
+  for (int threads : {1, 2}) {
+    bk::ThreadPool pool(threads);
+    Clock::threads = threads;
+    for (int64_t m : ms) {
+      // Prefill-sized calls take the logits of one row only, as the engine does.
+      const int64_t cls_m = m > 64 ? 1 : m;
+      const double t = TimePerCall(
+          [&] {
+            for (const bk::PackedMatrix& w : layers) run(w, m, &pool);
+            run(*cls, cls_m, &pool);
+          },
+          reps, 0.0);
+      report("model", 0, 0, threads, m, t,
+             kLayers * layer_flops_per_row * m + 2.0 * cls_m * cls->n() * cls->k());
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -345,6 +456,10 @@ int main(int argc, char** argv) {
   bool attention = false;
   bool kv_consecutive = false, kv_hugepages = false;
   std::string attention_only;
+  bool matmul = false;
+  std::string matmul_only;
+  std::vector<int64_t> matmul_ms = {1, 2, 16, 32, 64, 128, 256, 512};
+  bk::DType matmul_storage = bk::DType::kF32;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--isa=", 0) == 0) {
@@ -362,6 +477,20 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--attention=", 0) == 0) {
       attention = true;
       attention_only = a.substr(12);
+    } else if (a == "--matmul") {
+      matmul = true;
+    } else if (a.rfind("--matmul=", 0) == 0) {
+      matmul = true;
+      matmul_only = a.substr(9);
+    } else if (a.rfind("--m=", 0) == 0) {
+      matmul_ms.clear();
+      for (size_t pos = 4; pos < a.size();) {
+        const size_t end = std::min(a.find(',', pos), a.size());
+        matmul_ms.push_back(std::max<int64_t>(1, std::atoll(a.substr(pos, end - pos).c_str())));
+        pos = end + 1;
+      }
+    } else if (a == "--bf16") {
+      matmul_storage = bk::DType::kBF16;
     } else if (a == "--clock=cpu") {
       Clock::cpu = true;
     } else if (a == "--clock=wall") {
@@ -369,7 +498,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--isa=auto|scalar|avx2|avx512] [--reps=N] [--quick] "
-                   "[--clock=wall|cpu] [--attention[=CASE]]\n",
+                   "[--clock=wall|cpu] [--attention[=CASE]] [--matmul[=CASE] [--m=M,M,...] "
+                   "[--bf16]]\n",
                    argv[0]);
       return 2;
     }
@@ -386,6 +516,7 @@ int main(int argc, char** argv) {
   if (attention) {
     return BenchAttention(isa, reps, attention_only, kv_consecutive, kv_hugepages);
   }
+  if (matmul) return BenchMatmul(isa, reps, matmul_only, matmul_ms, matmul_storage);
 
   // Machine limits.
   double peak[3] = {0, 0, 0}, bw[3] = {0, 0, 0};

@@ -125,6 +125,36 @@ TEST(MatmulTest, ThreadCountsGiveIdenticalBits) {
   }
 }
 
+// The batched-decode and prefill sizes (issue 19): row counts around the 8-row register tile and
+// the 48-row task chunk, column counts that leave 1, 2 or 3 blocks in a task's last panel (the
+// next-panel prefetch of the AVX-512 tile runs over every panel boundary), on 1-3 threads.
+TEST(MatmulTest, BatchedRowsAndPanelsGiveReferenceBits) {
+  WarnMissingIsas();
+  const int64_t k = 96;
+  for (int64_t n : {int64_t{40}, int64_t{130}, int64_t{700}}) {
+    const std::vector<float> w = RandomFloats(static_cast<size_t>(n * k), 21 + n);
+    const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), 22 + n);
+    for (DType storage : {DType::kF32, DType::kBF16}) {
+      std::vector<float> w_unpacked;
+      const PackedMatrix pm = PackF32(w, n, k, storage, &w_unpacked);
+      for (int64_t m : {3, 9, 16, 31, 32, 47, 49, 64, 97, 130, 257}) {
+        const std::vector<float> x = RandomFloats(static_cast<size_t>(m * k), 23 + m);
+        std::vector<float> want(static_cast<size_t>(m * n));
+        MatmulReference(x.data(), m, w_unpacked.data(), n, k, bias.data(), want.data());
+        for (Isa isa : SupportedIsas()) {
+          for (int threads : {1, 2, 3}) {
+            ThreadPool pool(threads);
+            const std::vector<float> got = RunMatmul(isa, x, m, k, pm, bias.data(), &pool);
+            ASSERT_EQ(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)), 0)
+                << IsaName(isa) << " m=" << m << " n=" << n << " threads=" << threads
+                << " bf16=" << (storage == DType::kBF16);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulTest, StridesAreHonouredAndPaddingUntouched) {
   const int64_t m = 5, n = 21, k = 19, ldx = 23, ldy = 30;
   const std::vector<float> w = RandomFloats(static_cast<size_t>(n * k), 11);

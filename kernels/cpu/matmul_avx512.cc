@@ -3,7 +3,8 @@
 // one (row, column). Decode-sized calls (<= kWideMaxRows rows) use 1-2 rows x up to kWideNr blocks
 // instead (measured at M = 1: 4 weight streams beat 2, 3 and 8, from DRAM and from cache).
 // Remainder rows/blocks use smaller instantiations of the same template: tile shape never changes
-// bits.
+// bits. Batched-decode calls also prefetch the next weight panel into L2 while the current one is
+// in use (TileLoop); prefetches never change what is computed.
 
 #include <immintrin.h>
 
@@ -31,6 +32,11 @@ struct TileArgs {
   float* y;           // y + row*ldy + b0*16
   int64_t ldy;
   int64_t n_valid;  // columns of this tile that exist (may be < NR*16 at the right edge)
+  // Lines of the next panel to prefetch into L2 while this tile runs: pf + i * 64 bytes for
+  // i in [0, pf_lines), pf_per_step of them per k step.
+  const char* pf;
+  int64_t pf_lines;
+  int pf_per_step;
 };
 
 // Software prefetch of the weight streams, kPrefetchK k-steps ahead: with several column blocks
@@ -65,7 +71,12 @@ void Tile(const TileArgs& a) {
     for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
   }
   const int64_t block_stride = a.k * 16;
+  const char* pf = a.pf;
+  const char* const pf_end = a.pf + a.pf_lines * 64;
   for (int64_t kk = 0; kk < a.k; ++kk) {
+    for (int i = 0; i < a.pf_per_step && pf < pf_end; ++i, pf += 64) {
+      _mm_prefetch(pf, _MM_HINT_T1);
+    }
     __m512 wv[NR];
 #pragma GCC unroll 8
     for (int c = 0; c < NR; ++c) {
@@ -106,11 +117,22 @@ template <int kMaxMr, int kMaxNr, bool kBf16>
 constexpr auto kTable =
     MakeTable<kMaxMr, kMaxNr, kBf16>(std::make_index_sequence<kMaxMr * kMaxNr>());
 
+// prefetch_next: prefetch the next panel into L2 (below). Meant for where the weights come from
+// memory once per call and at least three row groups share each panel: batched decode
+// (kPrefetchMinRows <= M <= kPrefetchMaxRows). Larger calls (prefill chunks) reuse each weight
+// panel over many row tasks from L3, and with fewer rows the panel is consumed faster than one
+// core's memory bandwidth can refill it, so the prefetches there would only add instructions.
+// Measurements: docs/benchmarks.md, "Matmul for batched decode and prefill".
+constexpr int64_t kPrefetchMinRows = 17;
+constexpr int64_t kPrefetchMaxRows = 64;
+
 template <int kMaxMr, int kMaxNr, bool kBf16>
-void TileLoop(const MatmulParams& p, int64_t row0, int64_t row1, int64_t block0, int64_t block1) {
+void TileLoop(const MatmulParams& p, int64_t row0, int64_t row1, int64_t block0, int64_t block1,
+              bool prefetch_next) {
   const PackedMatrix& w = *p.w;
   const auto& table = kTable<kMaxMr, kMaxNr, kBf16>;
   const int64_t k = w.k();
+  constexpr int64_t kElem = kBf16 ? 2 : 4;
   for (int64_t b = block0; b < block1; b += kMaxNr) {
     const int nr = static_cast<int>(std::min<int64_t>(kMaxNr, block1 - b));
     TileArgs a;
@@ -121,11 +143,23 @@ void TileLoop(const MatmulParams& p, int64_t row0, int64_t row1, int64_t block0,
     a.bias = p.bias != nullptr ? p.bias + b * 16 : nullptr;
     a.ldy = p.ldy;
     a.n_valid = std::min<int64_t>(nr * 16, w.n() - b * 16);
+    // The next panel of this call (contiguous after this one) is prefetched into L2 in equal
+    // shares by this panel's row groups, so the weights stream from memory while every row group
+    // computes, not only while the first one does (which reads the panel from memory).
+    const int64_t next_blocks = std::min<int64_t>(kMaxNr, block1 - (b + kMaxNr));
+    int64_t next_lines = prefetch_next && next_blocks > 0 ? next_blocks * k * 16 * kElem / 64 : 0;
+    const int64_t groups = (row1 - row0 + kMaxMr - 1) / kMaxMr;
+    const int64_t share = (next_lines + groups - 1) / groups;
+    a.pf = static_cast<const char*>(a.w) + nr * k * 16 * kElem;
+    a.pf_per_step = static_cast<int>((share + k - 1) / k);
     for (int64_t r = row0; r < row1; r += kMaxMr) {
       const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, row1 - r));
       a.x = p.x + r * p.ldx;
       a.y = p.y + r * p.ldy + b * 16;
+      a.pf_lines = std::max<int64_t>(0, std::min(share, next_lines));
       table[(mr - 1) * kMaxNr + (nr - 1)](a);
+      a.pf += a.pf_lines * 64;
+      next_lines -= a.pf_lines;
     }
   }
 }
@@ -137,11 +171,12 @@ void MatmulTileAvx512(const MatmulParams& p, int64_t row0, int64_t row1, int64_t
   const bool bf16 = p.w->storage() == DType::kBF16;
   const bool wide = row1 - row0 <= kWideMaxRows;
   if (wide) {
-    if (bf16) return TileLoop<kWideMaxRows, kWideNr, true>(p, row0, row1, block0, block1);
-    return TileLoop<kWideMaxRows, kWideNr, false>(p, row0, row1, block0, block1);
+    if (bf16) return TileLoop<kWideMaxRows, kWideNr, true>(p, row0, row1, block0, block1, false);
+    return TileLoop<kWideMaxRows, kWideNr, false>(p, row0, row1, block0, block1, false);
   }
-  if (bf16) return TileLoop<kMr, kNr, true>(p, row0, row1, block0, block1);
-  return TileLoop<kMr, kNr, false>(p, row0, row1, block0, block1);
+  const bool prefetch_next = p.m >= kPrefetchMinRows && p.m <= kPrefetchMaxRows;
+  if (bf16) return TileLoop<kMr, kNr, true>(p, row0, row1, block0, block1, prefetch_next);
+  return TileLoop<kMr, kNr, false>(p, row0, row1, block0, block1, prefetch_next);
 }
 
 }  // namespace bitroll::kernels::internal

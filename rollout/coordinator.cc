@@ -152,9 +152,8 @@ void Coordinator::State::OnSubmit(const std::string& client, const std::string& 
                      gid);
   }
   if (!parked_key.empty()) return ReattachParked(parked_key, client);
-  // The request travels to a replica, verbatim, in each ReplicaWork message that carries work of
-  // the group (Dispatch); one that could not travel with its items is refused here rather than
-  // lost on the way.
+  // The request travels to each replica that runs work of the group, verbatim, once (Dispatch);
+  // one that could not travel with an item is refused here rather than lost on the way.
   if (size > ReplicaMessageLimit(options.decode) / 2) {
     return SendError(client, e->request_id(),
                      Status::ResourceExhausted(
@@ -194,8 +193,10 @@ Coordinator::State::Group* Coordinator::State::NewGroup(const std::string& clien
                                                         const std::string& owner,
                                                         const std::string& key,
                                                         std::string_view bytes, uint64_t serial) {
-  return table.Add(client, wal() && !client.empty() ? ConnectionSeen(client) : 0, owner, key, bytes,
-                   serial);
+  Group* g = table.Add(client, wal() && !client.empty() ? ConnectionSeen(client) : 0, owner, key,
+                       bytes, serial);
+  g->request_key = next_request_key++;
+  return g;
 }
 
 void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::TrajectoryLog* log,
@@ -247,6 +248,7 @@ void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::Tr
 
 void Coordinator::State::FinishGroupIfDone(Group* g) {
   if (!GroupTable::Done(*g)) return;
+  ForgetRequest(g);  // no more work of it goes anywhere
   if (g->detached) {
     // Nobody to tell: with a WAL it waits, out of memory, for a re-attach or its Acks.
     if (wal()) Park(g);
@@ -372,19 +374,69 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
   SendClient(client, BufferView(fbb));
 }
 
+void Coordinator::State::ForgetRequest(Group* g) {
+  for (Replica& rep : replicas) rep.Drop(g->request_key, /*tell=*/rep.alive);
+}
+
+bool Coordinator::State::MakeRoom(int r, size_t bytes) {
+  Replica& rep = replicas[r];
+  auto fits = [&] {
+    return rep.held.size() < kMaxHeldRequests && rep.held_bytes + bytes <= kMaxHeldRequestBytes;
+  };
+  if (fits()) return true;
+  std::unordered_set<uint64_t> busy;  // requests of the work in flight there
+  for (uint64_t id : rep.inflight) {
+    if (const Work* w = table.FindWork(id)) busy.insert(w->group->request_key);
+  }
+  std::vector<uint64_t> idle;
+  for (const auto& [key, n] : rep.held) {
+    if (busy.count(key) == 0) idle.push_back(key);
+  }
+  std::sort(idle.begin(), idle.end());  // the oldest groups' first
+  for (uint64_t key : idle) {
+    rep.Drop(key, /*tell=*/true);
+    if (fits()) return true;
+  }
+  return false;
+}
+
+void Coordinator::State::SendForgets() {
+  for (int r = 0; r < replicas.size(); ++r) {
+    Replica& rep = replicas[r];
+    if (rep.forget.empty()) continue;
+    if (rep.alive) {
+      ReplicaWorkBuilder b;
+      for (uint64_t key : rep.forget) b.Forget(key);
+      SendReplicaBytes(r, b.Finish());
+    }
+    rep.forget.clear();
+  }
+}
+
 void Coordinator::State::Dispatch() {
   if (paused || weights.HoldsDispatch() || table.queued() == 0) {
+    SendForgets();
     return;
   }
   const auto now = Clock::now();
   std::unordered_map<int, std::unique_ptr<ReplicaWorkBuilder>> batches;
-  // One ReplicaWork message per replica and pass, holding each group's request once. A message
-  // is cut when it reaches half of what a replica accepts, and before a request that would take
-  // it past half: a request is at most half (OnSubmit), so no message is refused.
+  // One ReplicaWork message per replica and pass. A group's request goes in only when the
+  // replica does not keep it already (it keeps what it is sent: replica protocol 3), so a group
+  // whose samples go out a few at a time sends it once per replica. A message is cut when it
+  // reaches half of what a replica accepts, and before a request that would take it past half:
+  // a request is at most half (OnSubmit), so no message is refused.
   const size_t half = ReplicaMessageLimit(options.decode) / 2;
   auto send_batch = [&](int r) {
     SendReplicaBytes(r, batches[r]->Finish());
     batches.erase(r);
+  };
+  // The replica's open message, with the forgets pending for it (they go before its requests).
+  auto open_batch = [&](int r) -> ReplicaWorkBuilder& {
+    auto& batch = batches[r];
+    if (!batch) batch = std::make_unique<ReplicaWorkBuilder>();
+    for (uint64_t key : replicas[r].forget) batch->Forget(key);
+    replicas[r].forget.clear();
+    return *batch;
   };
   queue.Drain([&](uint64_t id) {
     Work* found = table.FindWork(id);
@@ -398,25 +450,32 @@ void Coordinator::State::Dispatch() {
     w.queue_seconds += Seconds(now - w.enqueued);
     replicas[r].inflight.insert(id);
     journal->OnDispatched(&w);
+    const uint64_t key = w.group->request_key;
     const std::string_view request = w.group->buffer;
-    if (auto it = batches.find(r); it != batches.end() && !it->second->Holds(request) &&
-                                   it->second->size() + request.size() > half) {
+    auto it = batches.find(r);
+    const bool send = !replicas[r].Holds(key) && (it == batches.end() || !it->second->Holds(key));
+    if (send && it != batches.end() && it->second->size() + request.size() > half) {
       send_batch(r);
     }
-    auto& batch = batches[r];
-    if (!batch) batch = std::make_unique<ReplicaWorkBuilder>();
+    const bool transient = send && !MakeRoom(r, request.size());
+    ReplicaWorkBuilder& batch = open_batch(r);
+    if (send) {
+      batch.AddRequest(key, request, transient);
+      if (!transient) replicas[r].Keep(key, request.size());
+    }
     std::span<const int32_t> forced(w.tokens);
     forced = forced.subspan(std::min<size_t>(forced.size(), w.sampled_base));
     TurnInput turn{w.ctx_ids, w.inject, static_cast<int32_t>(w.sampled_base)};
     const bool later = !w.ctx_ids.empty() || !w.inject.empty();
-    batch->Add(request, w.id, {w.group->group_id, w.prompt_index, w.sample_index}, forced,
-               wal() != nullptr, later ? &turn : nullptr);
-    if (batch->size() >= half) send_batch(r);
+    batch.Add(key, w.id, {w.group->group_id, w.prompt_index, w.sample_index}, forced,
+              wal() != nullptr, later ? &turn : nullptr);
+    if (batch.size() >= half) send_batch(r);
     return FairQueue::Take::kTaken;
   });
   std::vector<int> open;
   for (auto& [r, batch] : batches) open.push_back(r);
   for (int r : open) send_batch(r);
+  SendForgets();
 }
 
 void Coordinator::State::HandleFailures() {

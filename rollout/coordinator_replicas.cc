@@ -59,6 +59,8 @@ void Coordinator::State::OnReplica(const std::string& identity, const zmq::messa
       return;
     case wire::Message_ReplicaResults:
       return OnResults(r, e->msg_as_ReplicaResults());
+    case wire::Message_ReplicaRefused:
+      return OnRefused(r, e->msg_as_ReplicaRefused());
     case wire::Message_Ack:
       replicas[r].weight_version = e->msg_as_Ack()->weight_version();
       return weights.OnReplicaAck(r, e->request_id(), e->msg_as_Ack()->weights_hash());
@@ -110,6 +112,7 @@ void Coordinator::State::OnHello(const std::string& identity, const wire::Envelo
   rep.weight_version = h->weight_version();
   rep.stale = false;
   rep.catchup.clear();
+  rep.ForgetHeld();  // a new connection keeps no request yet
   spdlog::info("coordinator: replica {} joined (remote={} capacity={} vocab={})", rep.name,
                rep.remote, rep.capacity, h->vocab_size());
   weights.CatchUp(r);
@@ -133,7 +136,36 @@ void Coordinator::State::ReplicaDead(int r, const char* why) {
     Enqueue(&w, /*front=*/true);
   }
   rep.inflight.clear();
+  rep.ForgetHeld();  // should it come back, it is another connection
   weights.OnReplicaGone(r);
+}
+
+void Coordinator::State::OnRefused(int r, const wire::ReplicaRefused* m) {
+  Replica& rep = replicas[r];
+  const Status why = m->error() ? StatusFromWire(m->error()) : Status::Protocol("refused");
+  spdlog::warn("coordinator: replica {} refused {} item(s): {}", rep.name,
+               m->work_ids() ? m->work_ids()->size() : 0, why.ToString());
+  // It does not keep these: the next work of them carries them again.
+  if (m->request_keys()) {
+    for (uint64_t key : *m->request_keys()) rep.Drop(key, /*tell=*/false);
+  }
+  std::vector<uint64_t> ids;
+  if (m->work_ids()) {
+    for (uint64_t id : *m->work_ids()) {
+      const Work* w = table.FindWork(id);
+      if (w != nullptr && w->replica == r) ids.push_back(id);  // else aborted or moved
+    }
+  }
+  std::sort(ids.begin(), ids.end(), std::greater<>());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (uint64_t id : ids) {  // never started there: queued again, at the front
+    Work& w = *table.FindWork(id);
+    rep.inflight.erase(id);
+    w.replica = -1;
+    w.enqueued = Clock::now();
+    Enqueue(&w, /*front=*/true);
+  }
+  if (++rep.refusals > kMaxReplicaRefusals) ReplicaDead(r, "refused work too often");
 }
 
 void Coordinator::State::BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w,

@@ -70,6 +70,10 @@ inline std::string OwnerOf(const std::string& connection, const wire::Envelope& 
   return "r" + connection;
 }
 
+// ReplicaRefused messages a replica connection may send before it is declared dead: a refusal
+// means the replica lost requests it was sent, which a sound one never does.
+constexpr uint32_t kMaxReplicaRefusals = 16;
+
 // The largest message the coordinator accepts from a replica.
 constexpr size_t kMaxReplicaMessageBytes = size_t{1} << 30;
 
@@ -84,6 +88,7 @@ inline size_t ReplicaMessageLimit(const DecodeLimits& coordinator) {
 using coordinator_internal::HashBytes;
 using coordinator_internal::kMaxClientIdBytes;
 using coordinator_internal::kMaxReplicaMessageBytes;
+using coordinator_internal::kMaxReplicaRefusals;
 using coordinator_internal::kMaxTrackedConnections;
 using coordinator_internal::OwnerOf;
 using coordinator_internal::ReplicaMessageLimit;
@@ -127,7 +132,8 @@ struct Coordinator::State {
   // Tool workers (rollout/tool_runner.h); created at Start.
   std::unique_ptr<ToolRunner> tools;
   int32_t eos_id = -1;
-  bool recovering = false;  // RecoverFromWal runs: groups are not finished (parked) yet
+  uint64_t next_request_key = 1;  // GroupEntry::request_key of the next group
+  bool recovering = false;        // RecoverFromWal runs: groups are not finished (parked) yet
 
   // What is logged when (rollout/coordinator_journal.h): every file reports its events there.
   // It owns the WAL handle (none without a data dir) and the trajectories held until durable.
@@ -216,6 +222,24 @@ struct Coordinator::State {
   void ReplicaDead(int r, const char* why);
 
   void OnResults(int r, const wire::ReplicaResults* res);
+
+  // The replica could not run these items (their request is unknown to it): they are queued
+  // again at the front and their requests counted as not held, so they travel with them next
+  // time. A replica that does this too often (kMaxReplicaRefusals) is declared dead.
+  void OnRefused(int r, const wire::ReplicaRefused* m);
+
+  // ---- requests held by replicas (replica protocol 3; coordinator.cc) ----
+
+  // g is done: every replica that keeps its request is told to drop it.
+  void ForgetRequest(Group* g);
+
+  // Makes room on replica r for one more request of `bytes` bytes within kMaxHeldRequests /
+  // kMaxHeldRequestBytes, dropping requests of which no work is in flight there (told with
+  // its next ReplicaWork). False when the room cannot be made: the request goes transient.
+  bool MakeRoom(int r, size_t bytes);
+
+  // Sends a ReplicaWork holding only forget keys to each live replica that has some pending.
+  void SendForgets();
 
   // The client Trajectory of a finished work item: its earlier turns, then t's tokens. The one
   // encode of a finished trajectory: the log keeps tokens, not this envelope, and a held one

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "rollout/client.h"
+#include "rollout/messages.h"
 #include "rollout/null_engine.h"
 
 namespace bitroll::rollout {
@@ -49,20 +50,102 @@ std::unique_ptr<Client> Connect(const std::string& ep) {
 // A replica DEALER that says hello (NullEngine fingerprint unless `weights_hash` says otherwise,
 // vocabulary 512, replica protocol `replica_protocol`, 0: the field absent, as from a build of
 // version 1) and then whatever the test sends, or nothing at all.
+void SendHello(zmq::socket_t& fake, const char* name, uint64_t weights_hash,
+               uint32_t replica_protocol, uint32_t capacity) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto fp = wire::CreateFingerprint(fbb, weights_hash, 0, 0, fbb.CreateString("null"));
+  auto h = wire::CreateReplicaHello(fbb, fbb.CreateString(name), 512, 4096, fp, capacity, 0, true,
+                                    -1, replica_protocol);
+  FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
+  fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+}
+
+// `capacity`: the samples it says it runs at once.
 zmq::socket_t FakeReplica(zmq::context_t& ctx, const std::string& endpoint, const char* name,
                           uint64_t weights_hash = NullEngineOptions{}.weights_hash,
-                          uint32_t replica_protocol = kReplicaProtocolVersion) {
+                          uint32_t replica_protocol = kReplicaProtocolVersion,
+                          uint32_t capacity = 64) {
   zmq::socket_t fake(ctx, zmq::socket_type::dealer);
   fake.set(zmq::sockopt::linger, 0);
   fake.set(zmq::sockopt::rcvtimeo, kTimeoutMs);
   fake.connect(endpoint);
-  flatbuffers::FlatBufferBuilder fbb;
-  auto fp = wire::CreateFingerprint(fbb, weights_hash, 0, 0, fbb.CreateString("null"));
-  auto h = wire::CreateReplicaHello(fbb, fbb.CreateString(name), 512, 4096, fp, 64, 0, true, -1,
-                                    replica_protocol);
-  FinishEnvelope(fbb, 0, wire::Message_ReplicaHello, h.Union());
-  fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+  SendHello(fake, name, weights_hash, replica_protocol, capacity);
   return fake;
+}
+
+// A ReplicaWork a fake replica received, with its bytes.
+struct ReceivedWork {
+  std::vector<uint64_t> buf;
+  const wire::ReplicaWork* work = nullptr;
+  size_t size = 0;  // of the message
+  size_t requests() const { return work->requests() ? work->requests()->size() : 0; }
+  size_t items() const { return work->items() ? work->items()->size() : 0; }
+  std::string_view request_bytes(size_t k) const {
+    const auto* v = work->requests()->Get(k)->envelope();
+    return {reinterpret_cast<const char*>(v->data()), v->size()};
+  }
+};
+
+// The fake's next ReplicaWork (other messages are skipped); it sends a heartbeat every 50 ms
+// meanwhile, so that it is not declared dead. False after kTimeoutMs.
+bool NextWork(zmq::socket_t& fake, ReceivedWork* out) {
+  for (int waited = 0; waited < kTimeoutMs; waited += 50) {
+    flatbuffers::FlatBufferBuilder hb;
+    FinishEnvelope(hb, 0, wire::Message_ReplicaHeartbeat, wire::CreateReplicaHeartbeat(hb).Union());
+    fake.send(zmq::buffer(hb.GetBufferPointer(), hb.GetSize()));
+    zmq::pollitem_t item{fake.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(50));
+    zmq::message_t msg;
+    while (fake.recv(msg, zmq::recv_flags::dontwait)) {
+      out->buf.assign((msg.size() + 7) / 8, 0);
+      std::memcpy(out->buf.data(), msg.data(), msg.size());
+      auto env = DecodeEnvelope(out->buf.data(), msg.size(), DecodeLimits{});
+      if (!env.ok() || (*env)->msg_type() != wire::Message_ReplicaWork) continue;
+      out->work = (*env)->msg_as_ReplicaWork();
+      out->size = msg.size();
+      return true;
+    }
+  }
+  return false;
+}
+
+// The fake runs every item of `w`: two tokens each, finish Length.
+void AnswerAll(zmq::socket_t& fake, const ReceivedWork& w) {
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<flatbuffers::Offset<wire::Trajectory>> ts;
+  for (const wire::WorkItem* item : *w.work->items()) {
+    const std::vector<int32_t> ids{1, 2};
+    const std::vector<float> lps{-0.5f, -0.25f};
+    auto i = fbb.CreateVector(ids);
+    auto l = fbb.CreateVector(lps);
+    wire::TrajectoryBuilder b(fbb);
+    b.add_group_id(item->group_id());
+    b.add_prompt_index(item->prompt_index());
+    b.add_sample_index(item->sample_index());
+    b.add_ids(i);
+    b.add_logprobs(l);
+    b.add_finish(wire::FinishReason_Length);
+    b.add_work_id(item->work_id());
+    ts.push_back(b.Finish());
+  }
+  auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(ts));
+  FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
+  fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+}
+
+// The client's trajectories of group `gid` until its GroupDone.
+std::vector<TrajectoryResult> Collect(Client& client, uint64_t gid, GroupSummary* done) {
+  std::vector<TrajectoryResult> got;
+  while (true) {
+    auto e = client.Next(kTimeoutMs);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (!e.ok()) return got;
+    if (e->kind == Event::Kind::kTrajectory) got.push_back(e->trajectory);
+    if (e->kind == Event::Kind::kGroupDone && e->done.group_id == gid) {
+      *done = e->done;
+      return got;
+    }
+  }
 }
 
 // The reference: each sample run alone in a fresh engine, no coordinator involved.
@@ -755,6 +838,282 @@ TEST(CoordinatorTest, AbortStatusAndCost) {
   auto e = client->Next(kTimeoutMs);
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->error.code(), ErrorCode::kNotFound);
+}
+
+// Replica protocol 3: a group whose samples go out a few at a time (the replica is full) sends
+// its request to the replica once; later messages name it by key. Once the group is done the
+// replica is told to forget it.
+TEST(CoordinatorTest, ManyPromptGroupSendsItsRequestOncePerReplica) {
+  CoordinatorOptions o;
+  o.replica_bind = "tcp://127.0.0.1:*";
+  o.submit.vocab_size = 512;
+  Server s = StartServer(0, o);
+  zmq::context_t ctx(1);
+  zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "small",
+                                   NullEngineOptions{}.weights_hash, kReplicaProtocolVersion, 4);
+  std::this_thread::sleep_for(50ms);
+  auto client = Connect(s.endpoint);
+  SubmitRequest q;
+  q.group_id = 3;
+  for (int32_t i = 0; i < 16; ++i) q.prompts.push_back(std::vector<int32_t>(300, 10 + i));
+  q.n = 2;
+  q.seed = 9;
+  q.max_tokens = 8;
+  ASSERT_TRUE(client->Submit(q).ok());
+  size_t messages = 0, requests = 0, items = 0, request_bytes = 0;
+  uint64_t key = 0;
+  while (items < 32) {
+    ReceivedWork w;
+    ASSERT_TRUE(NextWork(fake, &w));
+    ++messages;
+    EXPECT_LE(w.items(), 4u);  // never more than its capacity
+    for (size_t k = 0; k < w.requests(); ++k) {
+      ++requests;
+      request_bytes += w.request_bytes(k).size();
+      key = w.work->requests()->Get(k)->key();
+      EXPECT_FALSE(w.work->requests()->Get(k)->transient());
+    }
+    ASSERT_NE(key, 0u);
+    for (const wire::WorkItem* item : *w.work->items()) {
+      EXPECT_EQ(item->request_key(), key);
+      if (w.requests() > 0) {  // the request it carries is the group's, byte for byte
+        auto m = RequestOf(*w.work, *item);
+        ASSERT_TRUE(m.ok()) << m.status().ToString();
+        const auto* ids = (*m)->prompts()->Get(item->prompt_index())->ids();
+        ASSERT_EQ(ids->size(), q.prompts[item->prompt_index()].size());
+        EXPECT_EQ(std::memcmp(ids->data(), q.prompts[item->prompt_index()].data(), 4 * ids->size()),
+                  0);
+        EXPECT_EQ((*m)->seed(), q.seed);
+      }
+    }
+    items += w.items();
+    AnswerAll(fake, w);
+  }
+  // Several messages (the count below means something), one request: protocol 2 sent it with
+  // each of the messages.
+  EXPECT_GE(messages, 8u);
+  EXPECT_EQ(requests, 1u);
+  EXPECT_GT(request_bytes, 16u * 300u * 4u);
+  GroupSummary done;
+  const auto got = Collect(*client, 3, &done);
+  EXPECT_EQ(got.size(), 32u);
+  EXPECT_EQ(done.trajectories, 32u);
+  EXPECT_EQ(done.errors, 0u);
+  // The group is done: the replica may drop its request.
+  ReceivedWork forget;
+  ASSERT_TRUE(NextWork(fake, &forget));
+  EXPECT_EQ(forget.items(), 0u);
+  EXPECT_EQ(forget.requests(), 0u);
+  ASSERT_NE(forget.work->forget(), nullptr);
+  ASSERT_EQ(forget.work->forget()->size(), 1u);
+  EXPECT_EQ(forget.work->forget()->Get(0), key);
+}
+
+// A replica that says hello again, or one that takes over a dead replica's work, holds no
+// request yet: the work goes with the request, byte for byte the same.
+TEST(CoordinatorTest, RejoinedAndTakeoverReplicasGetTheRequest) {
+  CoordinatorOptions o;
+  o.replica_bind = "tcp://127.0.0.1:*";
+  o.replica_timeout_ms = 1000;
+  o.submit.vocab_size = 512;
+  Server s = StartServer(0, o);
+  zmq::context_t ctx(1);
+  zmq::socket_t a = FakeReplica(ctx, s.coord->replica_endpoint(), "a");
+  std::this_thread::sleep_for(50ms);
+  auto client = Connect(s.endpoint);
+  ASSERT_TRUE(client->Submit(TestGroup(1)).ok());
+  ReceivedWork first;
+  ASSERT_TRUE(NextWork(a, &first));
+  ASSERT_EQ(first.requests(), 1u);
+  ASSERT_EQ(first.items(), 24u);
+  const std::string request(first.request_bytes(0));
+  // Hello again: a new connection, its work re-sent with the request.
+  SendHello(a, "a", NullEngineOptions{}.weights_hash, kReplicaProtocolVersion, 64);
+  ReceivedWork again;
+  ASSERT_TRUE(NextWork(a, &again));
+  ASSERT_EQ(again.requests(), 1u);
+  ASSERT_EQ(again.items(), 24u);
+  ASSERT_EQ(again.request_bytes(0).size(), request.size());
+  EXPECT_EQ(std::memcmp(again.request_bytes(0).data(), request.data(), request.size()), 0);
+  // b joins; a goes silent and times out; its work moves to b with the request.
+  zmq::socket_t b = FakeReplica(ctx, s.coord->replica_endpoint(), "b");
+  ReceivedWork moved;
+  ASSERT_TRUE(NextWork(b, &moved));
+  ASSERT_EQ(moved.requests(), 1u);
+  ASSERT_EQ(moved.items(), 24u);
+  ASSERT_EQ(moved.request_bytes(0).size(), request.size());
+  EXPECT_EQ(std::memcmp(moved.request_bytes(0).data(), request.data(), request.size()), 0);
+  for (const wire::WorkItem* item : *moved.work->items()) {
+    EXPECT_EQ(item->request_key(), moved.work->requests()->Get(0)->key());
+  }
+  AnswerAll(b, moved);
+  GroupSummary done;
+  EXPECT_EQ(Collect(*client, 1, &done).size(), 24u);
+  EXPECT_EQ(done.errors, 0u);
+}
+
+// A replica that does not hold a request its items name sends them back (ReplicaRefused,
+// kProtocol); the coordinator queues them again with the request, and the group completes.
+TEST(CoordinatorTest, RefusedItemsGoAgainWithTheirRequestAndComplete) {
+  CoordinatorOptions o;
+  o.replica_bind = "tcp://127.0.0.1:*";
+  o.submit.vocab_size = 512;
+  Server s = StartServer(0, o);
+  zmq::context_t ctx(1);
+  zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "forgetful");
+  std::this_thread::sleep_for(50ms);
+  auto client = Connect(s.endpoint);
+  ASSERT_TRUE(client->Submit(TestGroup(2)).ok());
+  ReceivedWork first;
+  ASSERT_TRUE(NextWork(fake, &first));
+  ASSERT_EQ(first.requests(), 1u);
+  ASSERT_EQ(first.items(), 24u);
+  const uint64_t key = first.work->requests()->Get(0)->key();
+  const std::string request(first.request_bytes(0));
+  {
+    std::vector<uint64_t> ids;
+    for (const wire::WorkItem* item : *first.work->items()) ids.push_back(item->work_id());
+    flatbuffers::FlatBufferBuilder fbb;
+    auto w = fbb.CreateVector(ids);
+    auto k = fbb.CreateVector(std::vector<uint64_t>{key});
+    auto err = ErrorToWire(fbb, Status::Protocol("lost it"));
+    FinishEnvelope(fbb, 0, wire::Message_ReplicaRefused,
+                   wire::CreateReplicaRefused(fbb, w, k, err).Union());
+    fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+  }
+  ReceivedWork again;
+  ASSERT_TRUE(NextWork(fake, &again));
+  ASSERT_EQ(again.requests(), 1u);  // sent again: the replica said it does not hold it
+  ASSERT_EQ(again.items(), 24u);
+  EXPECT_EQ(again.work->requests()->Get(0)->key(), key);
+  ASSERT_EQ(again.request_bytes(0).size(), request.size());
+  EXPECT_EQ(std::memcmp(again.request_bytes(0).data(), request.data(), request.size()), 0);
+  AnswerAll(fake, again);
+  GroupSummary done;
+  const auto got = Collect(*client, 2, &done);
+  EXPECT_EQ(got.size(), 24u);
+  EXPECT_EQ(done.trajectories, 24u);
+  EXPECT_EQ(done.errors, 0u);
+  for (const auto& t : got) EXPECT_EQ(t.finish, FinishReason::kLength);
+}
+
+// The replica side: an item naming a request it does not hold is sent back with a kProtocol
+// error (never run, never a crash); one it was sent before runs by key; after a forget it is
+// unknown again.
+TEST(CoordinatorTest, ReplicaRefusesUnknownRequestsAndForgetsOnRequest) {
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.set(zmq::sockopt::rcvtimeo, kTimeoutMs);
+  router.bind("tcp://127.0.0.1:*");
+  const std::string ep = router.get(zmq::sockopt::last_endpoint);
+  std::atomic<bool> stop{false};
+  NullEngine eng({});
+  std::thread replica([&] { EXPECT_TRUE(RunReplica(eng, ctx, ep, ReplicaOptions{}, stop).ok()); });
+  zmq::message_t id, body;
+  ASSERT_TRUE(router.recv(id));
+  ASSERT_TRUE(router.recv(body));  // hello
+  const std::string rid = id.to_string();
+  auto send = [&](ReplicaWorkBuilder& b) {
+    const std::string_view bytes = b.Finish();
+    router.send(zmq::buffer(rid), zmq::send_flags::sndmore);
+    router.send(zmq::buffer(bytes.data(), bytes.size()));
+  };
+  // The replica's next answer about work (heartbeats are skipped).
+  std::vector<uint64_t> aligned;
+  auto answer = [&]() -> const wire::Envelope* {
+    while (true) {
+      zmq::message_t from, msg;
+      if (!router.recv(from) || !router.recv(msg)) return nullptr;
+      auto env = DecodeEnvelope(AlignForRead(msg.data(), msg.size(), &aligned), msg.size(), {});
+      if (!env.ok()) return nullptr;
+      const auto t = (*env)->msg_type();
+      if (t == wire::Message_ReplicaResults || t == wire::Message_ReplicaRefused) return *env;
+    }
+  };
+  SubmitRequest q = TestGroup(5);
+  q.max_tokens = 4;
+  const std::string request = EncodeSubmit(q, 1);
+  ReplicaWorkBuilder unknown;
+  unknown.Add(9, 100, {5, 0, 0});
+  send(unknown);
+  const wire::Envelope* e = answer();
+  ASSERT_NE(e, nullptr);
+  ASSERT_EQ(e->msg_type(), wire::Message_ReplicaRefused);
+  const wire::ReplicaRefused* r = e->msg_as_ReplicaRefused();
+  ASSERT_EQ(r->work_ids()->size(), 1u);
+  EXPECT_EQ(r->work_ids()->Get(0), 100u);
+  ASSERT_EQ(r->request_keys()->size(), 1u);
+  EXPECT_EQ(r->request_keys()->Get(0), 9u);
+  EXPECT_EQ(StatusFromWire(r->error()).code(), ErrorCode::kProtocol);
+  // Sent once, then named by key: both run.
+  ReplicaWorkBuilder with;
+  with.AddRequest(9, request);
+  with.Add(9, 101, {5, 0, 0});
+  send(with);
+  e = answer();
+  ASSERT_NE(e, nullptr);
+  ASSERT_EQ(e->msg_type(), wire::Message_ReplicaResults);
+  ReplicaWorkBuilder by_key;
+  by_key.Add(9, 102, {5, 1, 0});
+  send(by_key);
+  e = answer();
+  ASSERT_NE(e, nullptr);
+  ASSERT_EQ(e->msg_type(), wire::Message_ReplicaResults);
+  const wire::Trajectory* t = e->msg_as_ReplicaResults()->trajectories()->Get(0);
+  EXPECT_EQ(t->work_id(), 102u);
+  EXPECT_NE(t->finish(), wire::FinishReason_Error);
+  TrajectoryResult ran;
+  ran.ids.assign(t->ids()->begin(), t->ids()->end());
+  ran.logprobs.assign(t->logprobs()->begin(), t->logprobs()->end());
+  EXPECT_TRUE(SameBits(ran, Reference(q.prompts[1], q, 0)));
+  // Forgotten: unknown again.
+  ReplicaWorkBuilder forget;
+  forget.Forget(9);
+  forget.Add(9, 103, {5, 0, 1});
+  send(forget);
+  e = answer();
+  ASSERT_NE(e, nullptr);
+  ASSERT_EQ(e->msg_type(), wire::Message_ReplicaRefused);
+  EXPECT_EQ(e->msg_as_ReplicaRefused()->work_ids()->Get(0), 103u);
+  stop.store(true);
+  replica.join();
+}
+
+// What one replica is made to keep is bounded (kMaxHeldRequests): past it, with every kept
+// request still in use there, a request goes transient (used by its message only, not kept).
+TEST(CoordinatorTest, HeldRequestsStayWithinTheBound) {
+  CoordinatorOptions o;
+  o.replica_bind = "tcp://127.0.0.1:*";
+  o.submit.vocab_size = 512;
+  o.max_queued = 100000;
+  Server s = StartServer(0, o);
+  zmq::context_t ctx(1);
+  zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "big",
+                                   NullEngineOptions{}.weights_hash, kReplicaProtocolVersion, 4096);
+  std::this_thread::sleep_for(50ms);
+  auto client = Connect(s.endpoint);
+  const size_t groups = kMaxHeldRequests + 6;
+  for (size_t g = 0; g < groups; ++g) {
+    SubmitRequest q;
+    q.group_id = 100 + g;
+    q.prompts = {{static_cast<int32_t>(g % 500), 1}};
+    q.n = 1;
+    q.max_tokens = 2;
+    ASSERT_TRUE(client->Submit(q).ok());
+  }
+  size_t items = 0, kept = 0, transient = 0;
+  while (items < groups) {
+    ReceivedWork w;
+    ASSERT_TRUE(NextWork(fake, &w));  // never answered: every request stays in use
+    items += w.items();
+    for (size_t k = 0; k < w.requests(); ++k) {
+      (w.work->requests()->Get(k)->transient() ? transient : kept) += 1;
+    }
+    EXPECT_EQ(w.work->forget(), nullptr);  // nothing idle to drop
+  }
+  EXPECT_EQ(kept, kMaxHeldRequests);
+  EXPECT_EQ(transient, 6u);
 }
 
 }  // namespace

@@ -45,6 +45,9 @@ struct GroupEntry {
   std::string buffer;  // the SubmitRollouts envelope, kept for building work items
   const wire::SubmitRollouts* submit = nullptr;  // points into buffer
   uint64_t group_id = 0;
+  // The key that names its request to the replicas (replica protocol 3; the coordinator's, never
+  // 0): each replica is sent the request once and keeps it under this key.
+  uint64_t request_key = 0;
   uint32_t total = 0, delivered = 0, errors = 0, aborted = 0, acked = 0;
   std::unordered_set<uint64_t> live;  // work ids not yet finished
   Cost cost;

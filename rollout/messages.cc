@@ -158,16 +158,16 @@ void BuildClientTokenChunk(flatbuffers::FlatBufferBuilder& fbb, const wire::Toke
   FinishEnvelope(fbb, 0, wire::Message_TokenChunk, tc.Union());
 }
 
-void ReplicaWorkBuilder::Add(std::string_view request, uint64_t work_id, const SampleAddress& at,
+void ReplicaWorkBuilder::AddRequest(uint64_t key, std::string_view request, bool transient) {
+  if (!index_.insert(key).second) return;
+  // A nested buffer keeps its own alignment rules: its 8-byte fields stay aligned.
+  fbb_.ForceVectorAlignment(request.size(), 1, 8);
+  auto bytes = fbb_.CreateVector(reinterpret_cast<const uint8_t*>(request.data()), request.size());
+  requests_.push_back(wire::CreateGroupRequest(fbb_, bytes, key, transient));
+}
+
+void ReplicaWorkBuilder::Add(uint64_t key, uint64_t work_id, const SampleAddress& at,
                              std::span<const int32_t> forced, bool stream, const TurnInput* turn) {
-  auto [it, added] = index_.emplace(request.data(), static_cast<uint32_t>(requests_.size()));
-  if (added) {
-    // A nested buffer keeps its own alignment rules: its 8-byte fields stay aligned.
-    fbb_.ForceVectorAlignment(request.size(), 1, 8);
-    auto bytes =
-        fbb_.CreateVector(reinterpret_cast<const uint8_t*>(request.data()), request.size());
-    requests_.push_back(wire::CreateGroupRequest(fbb_, bytes));
-  }
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> forced_ids, context;
   flatbuffers::Offset<flatbuffers::String> inject;
   if (!forced.empty()) forced_ids = fbb_.CreateVector(forced.data(), forced.size());
@@ -186,14 +186,17 @@ void ReplicaWorkBuilder::Add(std::string_view request, uint64_t work_id, const S
   if (!forced_ids.IsNull()) b.add_forced_ids(forced_ids);
   if (!context.IsNull()) b.add_context_ids(context);
   if (!inject.IsNull()) b.add_inject_text(inject);
-  b.add_request(it->second);
   if (turn != nullptr) b.add_sampled_before(turn->sampled_before);
+  b.add_request_key(key);
   items_.push_back(b.Finish());
 }
 
 std::string_view ReplicaWorkBuilder::Finish() {
-  auto work =
-      wire::CreateReplicaWork(fbb_, fbb_.CreateVector(items_), fbb_.CreateVector(requests_));
+  auto items = fbb_.CreateVector(items_);
+  auto requests = fbb_.CreateVector(requests_);
+  flatbuffers::Offset<flatbuffers::Vector<uint64_t>> forget;
+  if (!forget_.empty()) forget = fbb_.CreateVector(forget_);
+  auto work = wire::CreateReplicaWork(fbb_, items, requests, forget);
   FinishEnvelope(fbb_, 0, wire::Message_ReplicaWork, work.Union());
   return BufferView(fbb_);
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "rollout/protocol.h"
@@ -65,23 +66,29 @@ struct TurnInput {
   int32_t sampled_before = 0;        // tokens sampled in the earlier turns (they use the budget)
 };
 
-// One ReplicaWork message on its way to a replica. Each group's request goes in once, as the
-// bytes of its SubmitRollouts envelope that the coordinator keeps (never parsed or re-encoded
-// here), and every item names its request by index: the replica reads the prompt, sampling and
-// stops from it. Requests are told apart by the address of their bytes.
+// One ReplicaWork message on its way to a replica (replica protocol 3). A group's request goes
+// in, when the replica does not hold it, as the bytes of its SubmitRollouts envelope that the
+// coordinator keeps (never parsed or re-encoded here), under the group's key; every item names
+// its request by key. Forgotten keys ride along (ReplicaWork.forget).
 class ReplicaWorkBuilder {
  public:
-  // Sample `at` of the group whose request is `request`. `forced`: tokens to re-prefill (resume
-  // from the WAL; empty for fresh work). `stream`: ask for TokenChunks whatever the request says
-  // (the WAL logs them). `turn`: a later turn of the tool loop (null: the first).
-  void Add(std::string_view request, uint64_t work_id, const SampleAddress& at,
+  // Puts `request` in the message under `key` (once: a key already in it is skipped).
+  // `transient`: the replica uses it for this message's items only and does not keep it.
+  void AddRequest(uint64_t key, std::string_view request, bool transient = false);
+  // Sample `at` of the group whose request is `key` (in this message or held by the replica).
+  // `forced`: tokens to re-prefill (resume from the WAL; empty for fresh work). `stream`: ask
+  // for TokenChunks whatever the request says (the WAL logs them). `turn`: a later turn of the
+  // tool loop (null: the first).
+  void Add(uint64_t key, uint64_t work_id, const SampleAddress& at,
            std::span<const int32_t> forced = {}, bool stream = false,
            const TurnInput* turn = nullptr);
-  // Whether `request` is in the message already.
-  bool Holds(std::string_view request) const { return index_.count(request.data()) > 0; }
+  // The replica may drop its request `key` (applied before this message's requests and items).
+  void Forget(uint64_t key) { forget_.push_back(key); }
+  // Whether the request `key` is in the message already.
+  bool Holds(uint64_t key) const { return index_.count(key) > 0; }
   // Bytes written so far (about the size of the finished message).
-  size_t size() const { return fbb_.GetSize(); }
-  bool empty() const { return items_.empty(); }
+  size_t size() const { return fbb_.GetSize() + forget_.size() * 8; }
+  bool empty() const { return items_.empty() && forget_.empty(); }
   // The finished ReplicaWork envelope; valid while the builder lives. Call once.
   std::string_view Finish();
 
@@ -89,7 +96,8 @@ class ReplicaWorkBuilder {
   flatbuffers::FlatBufferBuilder fbb_{4096};
   std::vector<flatbuffers::Offset<wire::WorkItem>> items_;
   std::vector<flatbuffers::Offset<wire::GroupRequest>> requests_;
-  std::unordered_map<const char*, uint32_t> index_;  // request bytes -> index in requests_
+  std::vector<uint64_t> forget_;
+  std::unordered_set<uint64_t> index_;  // keys of the requests in requests_
 };
 
 }  // namespace bitroll::rollout

@@ -216,23 +216,20 @@ Status CheckMessage(const void* data, size_t size, const DecodeLimits& decode,
   }
 }
 
-Result<const wire::SubmitRollouts*> RequestOf(const wire::ReplicaWork& work,
-                                              const wire::WorkItem& item) {
-  const auto* requests = work.requests();
-  const uint32_t k = item.request();
-  if (requests == nullptr || k >= requests->size()) {
-    return Status::Protocol(
-        "work item " + std::to_string(item.work_id()) + " names request " + std::to_string(k) +
-        " of " + std::to_string(requests ? requests->size() : 0) +
-        " (a coordinator of replica protocol " + std::to_string(kReplicaProtocolVersion) + "?)");
+const wire::GroupRequest* FindRequest(const wire::ReplicaWork& work, uint64_t key) {
+  if (work.requests() == nullptr) return nullptr;
+  for (const wire::GroupRequest* r : *work.requests()) {
+    if (r->key() == key) return r;
   }
-  const wire::GroupRequest* r = requests->Get(k);
-  const wire::SubmitRollouts* m = nullptr;
-  if (r->envelope() != nullptr && r->envelope()->size() > 0) {
-    m = r->envelope_nested_root()->msg_as_SubmitRollouts();
-  }
+  return nullptr;
+}
+
+Result<const wire::SubmitRollouts*> SubmitOf(const wire::Envelope* request,
+                                             const wire::WorkItem& item) {
+  const wire::SubmitRollouts* m = request ? request->msg_as_SubmitRollouts() : nullptr;
   if (m == nullptr || m->prompts() == nullptr) {
-    return Status::Protocol("request " + std::to_string(k) + " holds no SubmitRollouts");
+    return Status::Protocol("request " + std::to_string(item.request_key()) +
+                            " holds no SubmitRollouts");
   }
   if (item.prompt_index() >= m->prompts()->size()) {
     return Status::Protocol("work item " + std::to_string(item.work_id()) + ": prompt " +
@@ -240,6 +237,19 @@ Result<const wire::SubmitRollouts*> RequestOf(const wire::ReplicaWork& work,
                             std::to_string(m->prompts()->size()));
   }
   return m;
+}
+
+Result<const wire::SubmitRollouts*> RequestOf(const wire::ReplicaWork& work,
+                                              const wire::WorkItem& item) {
+  const wire::GroupRequest* r = FindRequest(work, item.request_key());
+  if (r == nullptr) {
+    return Status::Protocol("work item " + std::to_string(item.work_id()) + " names request " +
+                            std::to_string(item.request_key()) + ", which its message (of " +
+                            std::to_string(work.requests() ? work.requests()->size() : 0) +
+                            " requests) does not carry");
+  }
+  return SubmitOf(r->envelope() && r->envelope()->size() > 0 ? r->envelope_nested_root() : nullptr,
+                  item);
 }
 
 Status CheckReplicaHello(const wire::ReplicaHello& hello) {

@@ -30,7 +30,17 @@ inline constexpr uint32_t kProtocolVersion = 1;
 // coordinator admits only replicas of its own version (others get Error{code: Protocol}).
 // 2: a ReplicaWork carries each group's request once, verbatim (ReplicaWork.requests), and its
 // WorkItems name it instead of carrying copies of its prompt, sampling and stops.
-inline constexpr uint32_t kReplicaProtocolVersion = 2;
+// 3: a replica keeps each request it is sent for the life of its connection; items name it by
+// key (WorkItem.request_key), the coordinator sends it once per replica and says when to drop
+// it (ReplicaWork.forget); an item naming an unknown key is sent back (ReplicaRefused).
+inline constexpr uint32_t kReplicaProtocolVersion = 3;
+
+// What a coordinator may make one replica keep (replica protocol 3): at most this many requests
+// of at most this many bytes in all. The replica keeps no more (rollout/request_store.h); the
+// coordinator forgets idle ones to make room, and sends one that still does not fit as
+// GroupRequest.transient (used by the items of its message only).
+inline constexpr size_t kMaxHeldRequests = 1024;
+inline constexpr size_t kMaxHeldRequestBytes = size_t{256} << 20;
 
 struct DecodeLimits {
   // Larger messages are refused with kResourceExhausted before the verifier runs.
@@ -80,9 +90,18 @@ Status ValidateSubmit(const wire::SubmitRollouts& m, const SubmitLimits& limits)
 // "{output}", an empty stop string.
 Status ValidateTools(const wire::SubmitRollouts& m);
 
-// The request a WorkItem of `work` runs: the SubmitRollouts inside work.requests[item.request]
-// (verified with the message: DecodeEnvelope verifies nested requests too). Errors: kProtocol
-// (no such request, a request that holds no SubmitRollouts, a prompt_index outside its prompts).
+// The request of `work` whose key is `key`; null when the message does not carry it.
+const wire::GroupRequest* FindRequest(const wire::ReplicaWork& work, uint64_t key);
+
+// The SubmitRollouts in `request` (a verified envelope: DecodeEnvelope verifies a GroupRequest's
+// nested one too; null: none) that `item` runs. Errors: kProtocol (no envelope, one that holds no
+// SubmitRollouts, a prompt_index outside its prompts).
+Result<const wire::SubmitRollouts*> SubmitOf(const wire::Envelope* request,
+                                             const wire::WorkItem& item);
+
+// The request a WorkItem of `work` runs when the message itself carries it (FindRequest by
+// item.request_key, then SubmitOf). kProtocol when the message does not carry it; a replica
+// also looks among the requests it holds (rollout/request_store.h).
 Result<const wire::SubmitRollouts*> RequestOf(const wire::ReplicaWork& work,
                                               const wire::WorkItem& item);
 

@@ -309,10 +309,14 @@ TEST(ProtocolTest, ReplicaWorkCarriesTheRequestVerbatimOnce) {
   other.seed = 43;
   const std::string b = EncodeSubmit(other, 4);
   ReplicaWorkBuilder builder;
-  for (uint32_t j = 0; j < 4; ++j) builder.Add(a, 100 + j, {7, 1, j});
-  builder.Add(b, 200, {8, 0, 0}, {}, false, nullptr);
-  EXPECT_TRUE(builder.Holds(a));
-  EXPECT_FALSE(builder.Holds(std::string(a)));  // another copy of the bytes is another request
+  for (uint32_t j = 0; j < 4; ++j) {
+    builder.AddRequest(11, a);  // once: the key is in the message after the first
+    builder.Add(11, 100 + j, {7, 1, j});
+  }
+  builder.AddRequest(12, b);
+  builder.Add(12, 200, {8, 0, 0}, {}, false, nullptr);
+  EXPECT_TRUE(builder.Holds(11));
+  EXPECT_FALSE(builder.Holds(13));
   const std::string msg(builder.Finish());
   auto env = DecodeEnvelope(msg.data(), msg.size(), DecodeLimits{});
   ASSERT_TRUE(env.ok()) << env.status().ToString();
@@ -320,6 +324,10 @@ TEST(ProtocolTest, ReplicaWorkCarriesTheRequestVerbatimOnce) {
   ASSERT_NE(work, nullptr);
   ASSERT_EQ(work->requests()->size(), 2u);
   ASSERT_EQ(work->items()->size(), 5u);
+  EXPECT_EQ(work->requests()->Get(0)->key(), 11u);
+  EXPECT_EQ(work->requests()->Get(1)->key(), 12u);
+  EXPECT_FALSE(work->requests()->Get(0)->transient());
+  EXPECT_EQ(work->forget(), nullptr);
   const auto* held = work->requests()->Get(0)->envelope();
   ASSERT_EQ(held->size(), a.size());
   EXPECT_EQ(std::memcmp(held->data(), a.data(), a.size()), 0);
@@ -340,14 +348,17 @@ TEST(ProtocolTest, ReplicaWorkCarriesTheRequestVerbatimOnce) {
 TEST(ProtocolTest, WorkItemNamingNoRequestIsAProtocolError) {
   const std::string a = EncodeSubmit(GoodRequest(), 3);
   ReplicaWorkBuilder builder;
-  builder.Add(a, 1, {7, 1, 0});
-  builder.Add(a, 2, {7, 2, 0});  // GoodRequest has 2 prompts: index 2 is outside
+  builder.AddRequest(5, a);
+  builder.Add(5, 1, {7, 1, 0});
+  builder.Add(5, 2, {7, 2, 0});  // GoodRequest has 2 prompts: index 2 is outside
+  builder.Add(6, 3, {7, 0, 0});  // a key the message does not carry
   const std::string msg(builder.Finish());
   auto env = DecodeEnvelope(msg.data(), msg.size(), DecodeLimits{});
   ASSERT_TRUE(env.ok());
   const wire::ReplicaWork* work = (*env)->msg_as_ReplicaWork();
   EXPECT_TRUE(RequestOf(*work, *work->items()->Get(0)).ok());
   EXPECT_EQ(RequestOf(*work, *work->items()->Get(1)).status().code(), ErrorCode::kProtocol);
+  EXPECT_EQ(RequestOf(*work, *work->items()->Get(2)).status().code(), ErrorCode::kProtocol);
   // An item of replica protocol 1 (no requests in its message) names request 0 of none.
   flatbuffers::FlatBufferBuilder fbb;
   std::vector<flatbuffers::Offset<wire::WorkItem>> items{wire::CreateWorkItem(fbb, 5, 7)};
@@ -362,7 +373,8 @@ TEST(ProtocolTest, WorkItemNamingNoRequestIsAProtocolError) {
   FinishEnvelope(inner, 0, wire::Message_Status, wire::CreateStatus(inner).Union());
   const std::string status(BufferView(inner));
   ReplicaWorkBuilder b2;
-  b2.Add(status, 1, {7, 0, 0});
+  b2.AddRequest(1, status);
+  b2.Add(1, 1, {7, 0, 0});
   const std::string msg2(b2.Finish());
   auto env2 = DecodeEnvelope(msg2.data(), msg2.size(), DecodeLimits{});
   ASSERT_TRUE(env2.ok());

@@ -23,6 +23,7 @@
 #include "rollout/metrics.h"
 #include "rollout/protocol.h"
 #include "rollout/replica_weights.h"
+#include "rollout/request_store.h"
 #include "rollout/tool_detect.h"
 
 #if __has_include("engine/tokenizer.h")
@@ -194,8 +195,23 @@ class ReplicaLoop {
     switch (e->msg_type()) {
       case wire::Message_ReplicaWork: {
         const wire::ReplicaWork* work = e->msg_as_ReplicaWork();
+        // Forgets, then the requests to keep (rollout/request_store.h).
+        if (Status kept = requests_.Apply(*work); !kept.ok()) {
+          spdlog::warn("replica={} {}", options_.name, kept.message());
+        }
         if (work->items() == nullptr) return;
-        for (const wire::WorkItem* w : *work->items()) AddWork(*work, *w);
+        std::vector<uint64_t> refused, unknown;
+        for (const wire::WorkItem* w : *work->items()) {
+          if (requests_.Knows(*work, w->request_key())) {
+            AddWork(*work, *w);
+            continue;
+          }
+          refused.push_back(w->work_id());
+          if (std::find(unknown.begin(), unknown.end(), w->request_key()) == unknown.end()) {
+            unknown.push_back(w->request_key());
+          }
+        }
+        if (!refused.empty()) SendRefused(refused, unknown);
         return;
       }
       case wire::Message_Error: {
@@ -231,6 +247,23 @@ class ReplicaLoop {
         spdlog::warn("replica={} ignores message type {}", options_.name,
                      wire::EnumNameMessage(e->msg_type()));
     }
+  }
+
+  // Items naming requests this replica does not hold: never started, handed back with a
+  // kProtocol error (the coordinator queues them again with their requests).
+  void SendRefused(const std::vector<uint64_t>& work_ids, const std::vector<uint64_t>& keys) {
+    std::string list;
+    for (uint64_t k : keys) list += (list.empty() ? "" : ", ") + std::to_string(k);
+    const Status s = Status::Protocol("replica " + options_.name + " holds no request " + list +
+                                      " (" + std::to_string(work_ids.size()) + " item(s))");
+    spdlog::warn("replica={} {}", options_.name, s.message());
+    flatbuffers::FlatBufferBuilder fbb(256 + 8 * (work_ids.size() + keys.size()));
+    auto ids = fbb.CreateVector(work_ids);
+    auto ks = fbb.CreateVector(keys);
+    auto err = ErrorToWire(fbb, s);
+    auto m = wire::CreateReplicaRefused(fbb, ids, ks, err);
+    FinishEnvelope(fbb, 0, wire::Message_ReplicaRefused, m.Union());
+    Send(fbb);
   }
 
   void SendUpdateReply(uint64_t request_id, const Status& s) {
@@ -340,7 +373,7 @@ class ReplicaLoop {
     req.sample_index = w.sample_index();
     // Resume (WAL): the logged tokens are re-prefilled and re-scored, then decoding continues.
     if (w.forced_ids()) req.forced.assign(w.forced_ids()->begin(), w.forced_ids()->end());
-    Result<const wire::SubmitRollouts*> found = RequestOf(work, w);
+    Result<const wire::SubmitRollouts*> found = requests_.Find(work, w);
     const wire::SubmitRollouts* m = found.ok() ? *found : nullptr;
     if (m != nullptr) {
       req.priority = m->priority();
@@ -624,6 +657,7 @@ class ReplicaLoop {
   std::deque<zmq::message_t> deferred_;          // arrived during the load, handled after it
   std::shared_ptr<std::atomic<int>> loaders_;    // this replica's loader threads still running
   std::unordered_map<uint64_t, ItemMeta> meta_;  // live work items by work_id
+  RequestStore requests_;                        // the group requests kept for the coordinator
   int64_t streaming_ = 0;                        // live items with stream_tokens
   int64_t detecting_ = 0;                        // live items with a tool/stop detector
   uint64_t version_ = 0;

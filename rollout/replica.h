@@ -14,12 +14,14 @@
 // until the load ends (so a replayed update still precedes the work that needs it). Engines
 // without weights of their own (the NullEngine) apply the path on this thread, as before.
 //
-// The replica never decides anything numerical: each WorkItem names its group's request, which
-// travels verbatim in the same ReplicaWork (ReplicaWork.requests), and its prompt and sample
-// index; the replica reads the prompt, the sampling params (seed included), max_tokens and the
-// stops from that request. The engine's results are a pure function of those and the item's
-// forced tokens. A resumed
-// item (WorkItem.forced_ids, from the coordinator's WAL) is added with SequenceRequest::forced:
+// The replica never decides anything numerical: each WorkItem names its group's request by key,
+// and its prompt and sample index; the request travels verbatim once per connection
+// (ReplicaWork.requests) and the replica keeps it until told to forget it (RequestStore,
+// rollout/request_store.h). An item naming a request it does not keep is sent back unstarted
+// (ReplicaRefused, kProtocol). The replica reads the prompt, the sampling params (seed
+// included), max_tokens and the stops from that request. The engine's results are a pure
+// function of those and the item's forced tokens. A resumed item (WorkItem.forced_ids, from the
+// coordinator's WAL) is added with SequenceRequest::forced:
 // the engine re-prefills and re-scores the logged tokens and continues; their TokenEvents are
 // streamed like sampled ones (the coordinator skips positions it already logged).
 //

@@ -9,6 +9,8 @@
 // - Choose prefers the replica that served the same prompt before (the affinity key, a hash of the
 //   prompt) while it is alive, current and has room; otherwise the least loaded live, current
 //   replica with room (ties to the lowest index); -1 when every one is full, dead or stale.
+// - Each entry tracks the group requests its replica keeps (replica protocol 3: held, forget);
+//   the coordinator fills them, and a new connection (ForgetHeld) keeps none.
 // - Failures found while sending (MarkUnreachable) are only recorded: the coordinator handles them
 //   between loop iterations (TakeUnreachable), so no iteration over replicas is invalidated.
 #pragma once
@@ -38,8 +40,34 @@ struct ReplicaEntry {
   // came by NCCL broadcast): nothing is dispatched to it.
   std::unordered_set<uint64_t> catchup;
   bool stale = false;
+  // Replica protocol 3: the group requests this replica keeps (request key -> bytes), their
+  // bytes in all, and the keys it may drop, told with its next ReplicaWork. A (re)joined or dead
+  // replica holds none (ForgetHeld).
+  std::unordered_map<uint64_t, size_t> held;
+  size_t held_bytes = 0;
+  std::vector<uint64_t> forget;
+  uint32_t refusals = 0;  // ReplicaRefused messages on this connection
 
   bool HasRoom() const { return alive && !stale && inflight.size() < capacity; }
+  bool Holds(uint64_t key) const { return held.count(key) > 0; }
+  void Keep(uint64_t key, size_t bytes) {
+    if (held.emplace(key, bytes).second) held_bytes += bytes;
+  }
+  // The replica keeps it no more: `tell` queues a forget for its next ReplicaWork.
+  void Drop(uint64_t key, bool tell) {
+    auto it = held.find(key);
+    if (it == held.end()) return;
+    held_bytes -= it->second;
+    held.erase(it);
+    if (tell) forget.push_back(key);
+  }
+  // A new connection (or none): nothing held, nothing to tell.
+  void ForgetHeld() {
+    held.clear();
+    held_bytes = 0;
+    forget.clear();
+    refusals = 0;
+  }
 };
 
 class ReplicaSet {

@@ -7,14 +7,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 
 #include "rollout/client.h"
 #include "rollout/messages.h"
 #include "rollout/null_engine.h"
+#include "rollout/request_store.h"
 
 namespace bitroll::rollout {
 namespace {
@@ -88,8 +91,8 @@ struct ReceivedWork {
 
 // The fake's next ReplicaWork (other messages are skipped); it sends a heartbeat every 50 ms
 // meanwhile, so that it is not declared dead. False after kTimeoutMs.
-bool NextWork(zmq::socket_t& fake, ReceivedWork* out) {
-  for (int waited = 0; waited < kTimeoutMs; waited += 50) {
+bool NextWork(zmq::socket_t& fake, ReceivedWork* out, int timeout_ms = kTimeoutMs) {
+  for (int waited = 0; waited < timeout_ms; waited += 50) {
     flatbuffers::FlatBufferBuilder hb;
     FinishEnvelope(hb, 0, wire::Message_ReplicaHeartbeat, wire::CreateReplicaHeartbeat(hb).Union());
     fake.send(zmq::buffer(hb.GetBufferPointer(), hb.GetSize()));
@@ -107,6 +110,36 @@ bool NextWork(zmq::socket_t& fake, ReceivedWork* out) {
     }
   }
   return false;
+}
+
+// A work item's address, for answering it later.
+struct ItemAt {
+  uint64_t work_id, group_id;
+  uint32_t prompt_index, sample_index;
+};
+
+// The fake runs `items`: two tokens each, finish Length.
+void AnswerItems(zmq::socket_t& fake, const std::vector<ItemAt>& items) {
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<flatbuffers::Offset<wire::Trajectory>> ts;
+  for (const ItemAt& item : items) {
+    const std::vector<int32_t> ids{1, 2};
+    const std::vector<float> lps{-0.5f, -0.25f};
+    auto i = fbb.CreateVector(ids);
+    auto l = fbb.CreateVector(lps);
+    wire::TrajectoryBuilder b(fbb);
+    b.add_group_id(item.group_id);
+    b.add_prompt_index(item.prompt_index);
+    b.add_sample_index(item.sample_index);
+    b.add_ids(i);
+    b.add_logprobs(l);
+    b.add_finish(wire::FinishReason_Length);
+    b.add_work_id(item.work_id);
+    ts.push_back(b.Finish());
+  }
+  auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(ts));
+  FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
+  fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
 }
 
 // The fake runs every item of `w`: two tokens each, finish Length.
@@ -1114,6 +1147,89 @@ TEST(CoordinatorTest, HeldRequestsStayWithinTheBound) {
   }
   EXPECT_EQ(kept, kMaxHeldRequests);
   EXPECT_EQ(transient, 6u);
+}
+
+// A random schedule (groups of several sizes, a small replica answering random subsets late, a
+// restart now and then): the replica, keeping what it is sent as a real one does
+// (RequestStore), never gets an item naming a request it does not keep, keeps no more requests
+// than there are live groups, and ends with none; every group completes.
+TEST(CoordinatorTest, RandomScheduleNeverNamesAnUnknownRequest) {
+  CoordinatorOptions o;
+  o.replica_bind = "tcp://127.0.0.1:*";
+  o.replica_timeout_ms = 1000;  // a restarted fake's old connection
+  o.submit.vocab_size = 512;
+  Server s = StartServer(0, o);
+  zmq::context_t ctx(1);
+  zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "random",
+                                   NullEngineOptions{}.weights_hash, kReplicaProtocolVersion, 6);
+  std::this_thread::sleep_for(50ms);
+  auto client = Connect(s.endpoint);
+  std::mt19937 rng(20261201);
+  const int kGroups = 8;
+  for (int g = 0; g < kGroups; ++g) {
+    SubmitRequest q;
+    q.group_id = 50 + g;
+    const int prompts = 1 + static_cast<int>(rng() % 6);
+    for (int i = 0; i < prompts; ++i) q.prompts.push_back({static_cast<int32_t>(rng() % 500), 3});
+    q.n = 1 + rng() % 4;
+    q.max_tokens = 2;
+    ASSERT_TRUE(client->Submit(q).ok());
+  }
+  RequestStore store;
+  std::vector<ItemAt> pending;
+  std::set<uint64_t> done;
+  size_t unknown = 0, rejoins = 0, messages = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTimeoutMs);
+  while (done.size() < kGroups && std::chrono::steady_clock::now() < deadline) {
+    ReceivedWork w;
+    if (NextWork(fake, &w, 50)) {
+      ++messages;
+      ASSERT_TRUE(store.Apply(*w.work).ok());
+      for (const wire::WorkItem* item : *w.work->items()) {
+        if (!store.Knows(*w.work, item->request_key())) ++unknown;
+        auto m = store.Find(*w.work, *item);
+        ASSERT_TRUE(m.ok() || !store.Knows(*w.work, item->request_key()));
+        if (m.ok()) EXPECT_EQ((*m)->group_id(), item->group_id());
+        pending.push_back(
+            {item->work_id(), item->group_id(), item->prompt_index(), item->sample_index()});
+      }
+      EXPECT_LE(store.size(), static_cast<size_t>(kGroups) - done.size());
+    }
+    if (rng() % 16 == 0 && rejoins < 3) {
+      // A restart: a new connection that keeps nothing; the old one falls silent and its work
+      // moves once it times out.
+      fake = FakeReplica(ctx, s.coord->replica_endpoint(), "random",
+                         NullEngineOptions{}.weights_hash, kReplicaProtocolVersion, 6);
+      store = RequestStore();
+      pending.clear();
+      ++rejoins;
+      continue;
+    }
+    std::shuffle(pending.begin(), pending.end(), rng);
+    const size_t k = pending.empty() ? 0 : rng() % (pending.size() + 1);
+    if (k > 0) {
+      AnswerItems(fake, std::vector<ItemAt>(pending.begin(), pending.begin() + k));
+      pending.erase(pending.begin(), pending.begin() + k);
+    }
+    while (true) {
+      auto e = client->Next(1);
+      if (!e.ok()) break;
+      if (e->kind == Event::Kind::kGroupDone) {
+        EXPECT_EQ(e->done.errors, 0u);
+        done.insert(e->done.group_id);
+      }
+    }
+  }
+  EXPECT_EQ(done.size(), static_cast<size_t>(kGroups));
+  EXPECT_EQ(unknown, 0u);
+  EXPECT_GT(messages, static_cast<size_t>(kGroups));  // the schedule was not one message
+  std::printf("random schedule: %zu messages, %zu restarts\n", messages, rejoins);
+  // Every group is done: the forgets empty the store.
+  for (int i = 0; i < 40 && store.size() > 0; ++i) {
+    ReceivedWork w;
+    if (NextWork(fake, &w, 50)) ASSERT_TRUE(store.Apply(*w.work).ok());
+  }
+  EXPECT_EQ(store.size(), 0u);
 }
 
 }  // namespace

@@ -97,8 +97,16 @@ void Journal::OnChunk(Work* w, const wire::TokenChunk& c) {
     return;
   }
   const auto n = static_cast<int64_t>(c.ids()->size());
-  // Replicas count positions from the start of the turn; the WAL counts sampled tokens.
-  const int64_t begin = c.position_begin() + static_cast<int64_t>(w->sampled_base);
+  // position_begin is a trajectory index; the current turn's tokens start after the context (the
+  // replica reports the turn's injected ids, OnInjected, before any of its tokens). The WAL
+  // counts sampled tokens.
+  const auto base = static_cast<int64_t>(w->ctx_ids.size());
+  if (c.position_begin() < base) {
+    spdlog::error("coordinator: trajectory {} chunk at {} is before its turn's first token {}",
+                  w->id, c.position_begin(), base);
+    return;
+  }
+  const int64_t begin = c.position_begin() - base + static_cast<int64_t>(w->sampled_base);
   const auto have = static_cast<int64_t>(w->tokens.size());
   for (int64_t i = 0; i < n && begin + i < have; ++i) {
     const int32_t id = c.ids()->Get(static_cast<uint32_t>(i));

@@ -190,17 +190,15 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
       if (found == nullptr || found->replica != r) continue;
       Work& w = *found;
       Group* g = w.group;
-      // Positions for the client count every token after the prompt (earlier turns included).
-      auto offset = static_cast<int32_t>(w.ctx_ids.size());
+      // position_begin is a trajectory index on both sides: forwarded as it is.
       if (c->injected_ids()) {
         OnInjected(&w, *c->injected_ids());
       } else {
         journal->OnChunk(&w, *c);
       }
       if (g->client.empty() || !g->submit->stream_tokens()) continue;
-      if (!c->injected_ids()) offset = static_cast<int32_t>(w.ctx_ids.size());
       flatbuffers::FlatBufferBuilder fbb(256);
-      BuildClientTokenChunk(fbb, *c, {g->group_id, w.prompt_index, w.sample_index}, offset);
+      BuildClientTokenChunk(fbb, *c, {g->group_id, w.prompt_index, w.sample_index});
       SendClient(g->client, BufferView(fbb));
     }
   }

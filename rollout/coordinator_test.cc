@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "rollout/client.h"
 #include "rollout/messages.h"
 #include "rollout/null_engine.h"
+#include "rollout/protocol.h"
 #include "rollout/request_store.h"
 
 namespace bitroll::rollout {

@@ -11,12 +11,12 @@ namespace bitroll::rollout {
 
 namespace {
 
-void AppendVersions(std::vector<wire::VersionSpan>* out, const wire::Trajectory& t,
-                    int32_t offset) {
+// The replica's spans begin at trajectory indexes, like the context's.
+void AppendVersions(std::vector<wire::VersionSpan>* out, const wire::Trajectory& t) {
   if (t.versions() == nullptr) return;
   for (const wire::VersionSpan* v : *t.versions()) {
     if (!out->empty() && out->back().version() == v->version()) continue;
-    out->emplace_back(v->begin() + offset, v->version());
+    out->push_back(*v);
   }
 }
 
@@ -38,7 +38,7 @@ bool Coordinator::State::ContinueToolLoop(Work* w, const wire::Trajectory& t) {
   total_cached += tc.prefill_cached;
   total_computed += tc.prefill_computed;
   journal->OnTurnEnded(w, t);  // the turn's tokens not logged yet
-  AppendVersions(&w->ctx_versions, t, static_cast<int32_t>(w->ctx_ids.size()));
+  AppendVersions(&w->ctx_versions, t);
   w->ctx_ids.insert(w->ctx_ids.end(), t.ids()->begin(), t.ids()->end());
   w->ctx_lps.insert(w->ctx_lps.end(), t.logprobs()->begin(), t.logprobs()->end());
   w->ctx_mask.resize(w->ctx_mask.size() + n, 1);

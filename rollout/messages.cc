@@ -63,11 +63,10 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
     if (!prefix->mask.empty()) std::memcpy(m, prefix->mask.data(), prefix->mask.size());
     if (n > 0) std::memset(m + prefix->mask.size(), 1, n);
     spans.assign(prefix->versions.begin(), prefix->versions.end());
-    if (t.versions()) {
-      const auto off = static_cast<int32_t>(prefix->ids.size());
+    if (t.versions()) {  // the replica's spans begin at trajectory indexes, like the prefix's
       for (const wire::VersionSpan* v : *t.versions()) {
         if (!spans.empty() && spans.back().version() == v->version()) continue;
-        spans.emplace_back(v->begin() + off, v->version());
+        spans.push_back(*v);
       }
     }
     std::vector<flatbuffers::Offset<wire::ToolCallInfo>> cv;
@@ -147,14 +146,13 @@ bool SetTrajectoryWalBytes(std::string& envelope, int64_t wal_bytes) {
 }
 
 void BuildClientTokenChunk(flatbuffers::FlatBufferBuilder& fbb, const wire::TokenChunk& c,
-                           const SampleAddress& at, int32_t offset) {
+                           const SampleAddress& at) {
   auto ids = CopyVector(fbb, c.ids());
   auto lps = CopyVector(fbb, c.logprobs());
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> inj;
   if (c.injected_ids()) inj = CopyVector(fbb, c.injected_ids());
-  auto tc =
-      wire::CreateTokenChunk(fbb, at.group_id, at.prompt_index, at.sample_index,
-                             c.position_begin() + offset, ids, lps, c.weight_version(), 0, inj);
+  auto tc = wire::CreateTokenChunk(fbb, at.group_id, at.prompt_index, at.sample_index,
+                                   c.position_begin(), ids, lps, c.weight_version(), 0, inj);
   FinishEnvelope(fbb, 0, wire::Message_TokenChunk, tc.Union());
 }
 

@@ -29,7 +29,7 @@ struct TurnPrefix {
   std::span<const int32_t> ids;                 // sampled and injected tokens of the earlier turns
   std::span<const float> lps;                   // 0.0 for injected tokens
   std::span<const uint8_t> mask;                // 1 sampled, 0 injected
-  std::span<const wire::VersionSpan> versions;  // begin indexes into ids
+  std::span<const wire::VersionSpan> versions;  // begin = trajectory index
   int32_t turns = 1;
   std::span<const ToolOutcome> calls;
 };
@@ -50,10 +50,10 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Traj
 // nothing changed) when `envelope` is no Trajectory or its Cost has no wal_bytes slot.
 bool SetTrajectoryWalBytes(std::string& envelope, int64_t wal_bytes);
 
-// A TokenChunk envelope for the client; position_begin is moved by `offset` (the tokens of the
-// earlier turns) and injected_ids are copied.
+// A TokenChunk envelope for the client: the replica's chunk with the client's address; its
+// position_begin (a trajectory index on both sides) and injected_ids are copied.
 void BuildClientTokenChunk(flatbuffers::FlatBufferBuilder& fbb, const wire::TokenChunk& c,
-                           const SampleAddress& at, int32_t offset = 0);
+                           const SampleAddress& at);
 
 // Deep copy of a ToolCallInfo into another builder.
 flatbuffers::Offset<wire::ToolCallInfo> CopyToolCallInfo(flatbuffers::FlatBufferBuilder& fbb,

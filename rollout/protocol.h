@@ -27,12 +27,16 @@ namespace bitroll::rollout {
 inline constexpr uint32_t kProtocolVersion = 1;
 
 // Version of the replica protocol (coordinator <-> replicas), carried in ReplicaHello. A
-// coordinator admits only replicas of its own version (others get Error{code: Protocol}).
-// 2: a ReplicaWork carries each group's request once, verbatim (ReplicaWork.requests), and its
-// WorkItems name it instead of carrying copies of its prompt, sampling and stops.
-// 3: a replica keeps each request it is sent for the life of its connection; items name it by
-// key (WorkItem.request_key), the coordinator sends it once per replica and says when to drop
-// it (ReplicaWork.forget); an item naming an unknown key is sent back (ReplicaRefused).
+// coordinator admits only replicas of its own version (others get Error{code: Protocol}); clients
+// never see it.
+//   1 (field absent): WorkItems carried copies of the request's prompt, sampling and stops;
+//     TokenChunk.position_begin and Trajectory.versions counted the tokens of the current turn.
+//   2: a ReplicaWork carries each group's request once, verbatim (ReplicaWork.requests), and its
+//     WorkItems name it; position_begin and versions are trajectory indexes, counting every token
+//     after the prompt, earlier turns and injected ids included (docs/design.md "Token indexes").
+//   3: a replica keeps each request it is sent for the life of its connection; items name it by
+//     key (WorkItem.request_key), the coordinator sends it once per replica and says when to drop
+//     it (ReplicaWork.forget); an item naming an unknown key is sent back (ReplicaRefused).
 inline constexpr uint32_t kReplicaProtocolVersion = 3;
 
 // What a coordinator may make one replica keep (replica protocol 3): at most this many requests

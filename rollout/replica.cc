@@ -42,7 +42,11 @@ struct ItemMeta {
   uint32_t prompt_index = 0;
   uint32_t sample_index = 0;
   bool stream = false;
+  // Token indexes (docs/design.md "Token indexes"): what the replica reports counts every token
+  // after the request's prompt, earlier turns included: trajectory index = engine position -
+  // prompt_len. The turn's first token is trajectory token turn_begin (context + injected ids).
   int32_t prompt_len = 0;
+  int32_t turn_begin = 0;
   // Tool loop (rollout/tool_detect.h): the turn ends on a complete call or a stop string.
   std::optional<ToolDetector> detector;
   DetectEvent event = DetectEvent::kNone;
@@ -436,7 +440,9 @@ class ReplicaLoop {
       SendAlone(out, meta);
       return;
     }
-    meta.prompt_len = prompt_len;
+    meta.turn_begin = static_cast<int32_t>((w.context_ids() ? w.context_ids()->size() : 0) +
+                                           meta.injected.size());
+    meta.prompt_len = prompt_len - meta.turn_begin;
     if (!meta.injected.empty()) SendInjected(w.work_id(), meta);
     if (meta.stream) ++streaming_;
     if (meta.detector) ++detecting_;
@@ -455,12 +461,13 @@ class ReplicaLoop {
   }
 
   // The injected ids go out before any token of the turn, so that the coordinator can log the
-  // turn boundary ahead of the turn's tokens.
+  // turn boundary ahead of the turn's tokens. They start at the end of the context.
   void SendInjected(uint64_t work_id, const ItemMeta& m) {
     flatbuffers::FlatBufferBuilder fbb(256 + m.injected.size() * 4);
     auto inj = fbb.CreateVector(m.injected);
+    const auto at = m.turn_begin - static_cast<int32_t>(m.injected.size());
     std::vector<flatbuffers::Offset<wire::TokenChunk>> chunks{wire::CreateTokenChunk(
-        fbb, m.group_id, m.prompt_index, m.sample_index, 0, 0, 0, version_, work_id, inj)};
+        fbb, m.group_id, m.prompt_index, m.sample_index, at, 0, 0, version_, work_id, inj)};
     auto res = wire::CreateReplicaResults(fbb, 0, fbb.CreateVector(chunks), 0);
     FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
     Send(fbb);
@@ -509,9 +516,10 @@ class ReplicaLoop {
   flatbuffers::Offset<wire::Trajectory> BuildTrajectory(flatbuffers::FlatBufferBuilder& fbb,
                                                         const engine::SequenceOutput& out,
                                                         const ItemMeta& m) {
+    // The engine's spans begin at offsets in this turn's tokens; the wire's at trajectory indexes.
     std::vector<wire::VersionSpan> spans;
     spans.reserve(out.versions.size());
-    for (const auto& v : out.versions) spans.emplace_back(v.begin, v.version);
+    for (const auto& v : out.versions) spans.emplace_back(m.turn_begin + v.begin, v.version);
     const Cost& c = out.cost;  // the engine's four fields; queue, sandbox, WAL, price are added
                                // by the coordinator
     flatbuffers::Offset<wire::Error> err;
@@ -612,14 +620,14 @@ class ReplicaLoop {
         auto it = meta_.find(t.id);
         if (it == meta_.end() || !it->second.stream) continue;
         const ItemMeta& m = it->second;
+        // The one place an engine position becomes a trajectory index.
+        const int32_t index = t.position - m.prompt_len;
         // Past a detected call (forced tokens of one step only): never reported.
-        if (m.event != DetectEvent::kNone && t.position - m.prompt_len >= m.cut) continue;
-        // position_begin counts generated tokens; the engine's position is absolute.
+        if (m.event != DetectEvent::kNone && index - m.turn_begin >= m.cut) continue;
         auto ids = fbb.CreateVector(&t.token, 1);
         auto lps = fbb.CreateVector(&t.logprob, 1);
         chunks.push_back(wire::CreateTokenChunk(fbb, m.group_id, m.prompt_index, m.sample_index,
-                                                t.position - m.prompt_len, ids, lps,
-                                                t.weight_version, t.id));
+                                                index, ids, lps, t.weight_version, t.id));
       }
     }
     std::vector<flatbuffers::Offset<wire::Trajectory>> trajs;

@@ -33,6 +33,10 @@
 // call text in Trajectory.tool_call) or Stop. A prompt + context + result that fills the
 // context ends the item with finish Length and no result.
 //
+// Token indexes (replica protocol 2, docs/design.md "Token indexes"): every index the replica
+// reports (TokenChunk.position_begin, Trajectory.versions) is a trajectory index, the engine
+// position minus the request's prompt length: context_ids and injected ids count.
+//
 // Ownership: the caller owns `engine` and `ctx`; both must outlive the call.
 // Thread-safety: RunReplica() uses `engine` from the calling thread only; `stop` may be set from
 // any thread.

@@ -432,6 +432,73 @@ TEST(ToolLoop, TurnRoundTripLatency) {
   s.coord->Stop();
 }
 
+// Streamed chunks and trajectories share one token index (docs/design.md "Token indexes"): every
+// chunk, sampled or injected, of every turn lands at its position_begin in the trajectory's ids,
+// each index exactly once, injected exactly where the mask is 0. Negative control: the same
+// chunks placed by the count of sampled tokens before them (the log's index before format 3)
+// miss in every multi-turn trajectory.
+TEST(ToolLoop, StreamedChunksLandAtTheirTrajectoryIndex) {
+  Service s = Start();
+  ASSERT_NE(s.tk, nullptr);
+  SubmitRequest req = Request(51, 78, 8, {Fn("echo", "echo")});
+  req.max_turns = 4;
+  req.max_tokens = 96;
+  req.stream_tokens = true;
+  ASSERT_TRUE(s.client->Submit(req).ok());
+  std::map<uint32_t, std::vector<TokenChunkResult>> chunks;
+  std::map<uint32_t, TrajectoryResult> got;
+  bool done = false;
+  const auto t0 = Clock::now();
+  while (!done && Clock::now() - t0 < std::chrono::seconds(60)) {
+    auto ev = s.client->Next(50);
+    if (!ev.ok()) continue;
+    if (ev->kind == Event::Kind::kTokenChunk) {
+      chunks[ev->chunk.sample_index].push_back(ev->chunk);
+    } else if (ev->kind == Event::Kind::kTrajectory) {
+      got[ev->trajectory.sample_index] = ev->trajectory;
+    } else if (ev->kind == Event::Kind::kGroupDone) {
+      done = true;
+    }
+  }
+  ASSERT_TRUE(done);
+  ASSERT_EQ(got.size(), 8u);
+  // Tokens of `t` that the chunks do not reproduce at index(chunk) + offset (or cover twice).
+  auto misplaced = [](const TrajectoryResult& t, const std::vector<TokenChunkResult>& cs,
+                      bool sampled_index) {
+    std::vector<int> seen(t.ids.size(), 0);
+    size_t bad = 0;
+    for (const TokenChunkResult& c : cs) {
+      const bool inj = !c.injected_ids.empty();
+      const std::vector<int32_t>& ids = inj ? c.injected_ids : c.ids;
+      int64_t at = c.position_begin;
+      if (sampled_index && !inj) {  // the control: injected tokens before it not counted
+        for (int32_t i = 0; i < c.position_begin && i < static_cast<int32_t>(t.mask.size()); ++i)
+          at -= t.mask[i] == 0 ? 1 : 0;
+      }
+      for (size_t i = 0; i < ids.size(); ++i, ++at) {
+        if (at < 0 || at >= static_cast<int64_t>(t.ids.size()) || t.ids[at] != ids[i] ||
+            (t.mask[at] == 0) != inj) {
+          ++bad;
+          continue;
+        }
+        ++seen[at];
+      }
+    }
+    for (int k : seen) bad += k == 1 ? 0 : 1;
+    return bad;
+  };
+  int multi = 0;
+  for (const auto& [j, t] : got) {
+    EXPECT_EQ(misplaced(t, chunks[j], false), 0u) << "sample " << j;
+    if (t.turns > 1) {
+      ++multi;
+      EXPECT_GT(misplaced(t, chunks[j], true), 0u) << "negative control, sample " << j;
+    }
+  }
+  EXPECT_GE(multi, 4) << "most trajectories should make a call";
+  s.coord->Stop();
+}
+
 TEST(ToolLoop, TypedErrorsAreInjectedAndTheRolloutContinues) {
   Service s = Start();
   ASSERT_NE(s.tk, nullptr);

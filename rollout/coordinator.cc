@@ -214,14 +214,13 @@ void Coordinator::State::AddWork(Group* g, uint32_t i, uint32_t j, const wal::Tr
   bool rerun = false;  // a logged call without a logged result: run it again
   if (log != nullptr) {
     w.header_logged = true;
-    w.tokens = log->token_ids;
-    w.logprobs = log->logprobs;
     const LoggedTurns lt = RebuildTurns(*log);
+    w.tokens = lt.turn_ids;
+    w.logprobs = lt.turn_lps;
     w.ctx_ids = lt.ids;
     w.ctx_lps = lt.lps;
     w.ctx_mask = lt.mask;
     w.ctx_versions = lt.versions;
-    w.sampled_base = lt.sampled_base;
     w.turn = lt.turns;
     w.boundaries = static_cast<uint32_t>(log->turns.size());
     w.calls = lt.calls;
@@ -463,9 +462,8 @@ void Coordinator::State::Dispatch() {
       batch.AddRequest(key, request, transient);
       if (!transient) replicas[r].Keep(key, request.size());
     }
-    std::span<const int32_t> forced(w.tokens);
-    forced = forced.subspan(std::min<size_t>(forced.size(), w.sampled_base));
-    TurnInput turn{w.ctx_ids, w.inject, static_cast<int32_t>(w.sampled_base)};
+    const std::span<const int32_t> forced(w.tokens);  // the current turn's logged tokens
+    TurnInput turn{w.ctx_ids, w.inject, static_cast<int32_t>(w.SampledInContext())};
     const bool later = !w.ctx_ids.empty() || !w.inject.empty();
     batch.Add(key, w.id, {w.group->group_id, w.prompt_index, w.sample_index}, forced,
               wal() != nullptr, later ? &turn : nullptr);

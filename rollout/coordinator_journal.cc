@@ -83,8 +83,7 @@ void Journal::OnDispatched(Work* w) {
     }
   }
   // Forced: the current turn's logged tokens (earlier turns travel as context_ids).
-  w->forced =
-      static_cast<uint32_t>(w->tokens.size() - std::min<size_t>(w->tokens.size(), w->sampled_base));
+  w->forced = static_cast<uint32_t>(w->tokens.size());
   if (w->forced > 0) {
     wal_->counters.forced_tokens += w->forced;
     ++wal_->counters.resumed;
@@ -98,15 +97,14 @@ void Journal::OnChunk(Work* w, const wire::TokenChunk& c) {
   }
   const auto n = static_cast<int64_t>(c.ids()->size());
   // position_begin is a trajectory index; the current turn's tokens start after the context (the
-  // replica reports the turn's injected ids, OnInjected, before any of its tokens). The WAL
-  // counts sampled tokens.
+  // replica reports the turn's injected ids, OnInjected, before any of its tokens).
   const auto base = static_cast<int64_t>(w->ctx_ids.size());
   if (c.position_begin() < base) {
     spdlog::error("coordinator: trajectory {} chunk at {} is before its turn's first token {}",
                   w->id, c.position_begin(), base);
     return;
   }
-  const int64_t begin = c.position_begin() - base + static_cast<int64_t>(w->sampled_base);
+  const int64_t begin = c.position_begin() - base;  // offset in the turn's tokens
   const auto have = static_cast<int64_t>(w->tokens.size());
   for (int64_t i = 0; i < n && begin + i < have; ++i) {
     const int32_t id = c.ids()->Get(static_cast<uint32_t>(i));
@@ -115,14 +113,14 @@ void Journal::OnChunk(Work* w, const wire::TokenChunk& c) {
     if (id != w->tokens[at] || std::memcmp(&lp, &w->logprobs[at], sizeof(float)) != 0) {
       ++wal_->counters.forced_mismatches;
       spdlog::error("coordinator: trajectory {} token {} re-scored differently from the WAL", w->id,
-                    at);
+                    base + begin + i);
     }
   }
   const int64_t skip = std::max<int64_t>(0, have - begin);
   if (skip >= n) return;
   if (begin + skip != have) {
     spdlog::error("coordinator: trajectory {} chunk at {} leaves a gap after {} tokens", w->id,
-                  begin, have);
+                  base + begin, base + have);
     return;
   }
   const int32_t* ids = c.ids()->data() + skip;
@@ -137,15 +135,15 @@ void Journal::OnTurnEnded(Work* w, const wire::Trajectory& t) {
   if (!wal_) return;
   const uint32_t n = t.ids() ? t.ids()->size() : 0;
   // The turn's tokens not streamed yet, then the call: the call's token_index is the turn end.
-  const size_t logged = w->tokens.size() - w->sampled_base;
+  const size_t logged = w->tokens.size();
   if (n > logged) {
-    const int32_t* ids = t.ids()->data() + logged;
-    const float* lps = t.logprobs()->data() + logged;
     const size_t k = n - logged;
-    w->tokens.insert(w->tokens.end(), ids, ids + k);
-    w->logprobs.insert(w->logprobs.end(), lps, lps + k);
-    Check(wal_->LogTokens(w->id, {ids, k}, {lps, k}, weights_.version()));
+    Check(wal_->LogTokens(w->id, {t.ids()->data() + logged, k}, {t.logprobs()->data() + logged, k},
+                          weights_.version()));
   }
+  // The turn's tokens join the context (ContinueToolLoop); the next turn starts empty.
+  w->tokens.clear();
+  w->logprobs.clear();
 }
 
 void Journal::OnToolCallStarted(const Work& w, const ToolOutcome& o, uint32_t index) {
@@ -175,8 +173,8 @@ bool Journal::OnTrajectoryFinished(const Work& w, const wire::Trajectory& t,
 void Journal::LogFinish(const Work& w, const wire::Trajectory& t, std::string envelope) {
   // Tokens the replica did not stream (none when it streams every one) are logged first.
   if (t.ids() && t.logprobs() && t.ids()->size() == t.logprobs()->size() &&
-      w.sampled_base + t.ids()->size() > w.tokens.size()) {
-    const size_t k = w.tokens.size() - w.sampled_base, m = t.ids()->size() - k;
+      t.ids()->size() > w.tokens.size()) {
+    const size_t k = w.tokens.size(), m = t.ids()->size() - k;
     Check(wal_->LogTokens(w.id, {t.ids()->data() + k, m}, {t.logprobs()->data() + k, m},
                           weights_.version()));
   }

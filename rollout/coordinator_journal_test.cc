@@ -3,7 +3,7 @@
 // held; a finished trajectory is held until its finish record is durable and then delivered
 // once (not at all when its group was aborted meanwhile); the group record is acknowledged with
 // the group's last header; the records of the live weights bring a path update back after a
-// restart.
+// restart; a later turn's tokens are logged at their trajectory indexes.
 #include "rollout/coordinator_journal.h"
 
 #include <gtest/gtest.h>
@@ -181,6 +181,79 @@ TEST(Journal, AFinishedTrajectoryIsHeldUntilDurableThenDeliveredOnce) {
     f.table.Remove(g);
     f.journal.DeliverDurable();
     EXPECT_EQ(f.delivered.size(), 1u);
+    EXPECT_TRUE(f.failures.empty());
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A replica's TokenChunk for work `work_id`: `ids` (logprob -0.5 each) at trajectory index `at`.
+struct Chunk {
+  flatbuffers::FlatBufferBuilder fbb{256};
+  const wire::TokenChunk* c = nullptr;
+  Chunk(uint64_t work_id, int32_t at, const std::vector<int32_t>& ids) {
+    auto i = fbb.CreateVector(ids);
+    auto l = fbb.CreateVector(std::vector<float>(ids.size(), -0.5f));
+    fbb.Finish(wire::CreateTokenChunk(fbb, 42, 0, 0, at, i, l, 0, work_id));
+    c = flatbuffers::GetRoot<wire::TokenChunk>(fbb.GetBufferPointer());
+  }
+};
+
+// Token indexes (docs/design.md "Token indexes"): a later turn's chunks come at trajectory
+// indexes (earlier turns and injected ids counted) and are logged at those indexes; a chunk
+// before the turn's first token or past a gap is not logged; a re-dispatch forces the turn's
+// logged tokens, and re-scored ones are compared with the log at the same indexes.
+TEST(Journal, ALaterTurnIsLoggedAtItsTrajectoryIndexes) {
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  {
+    Fixture f(dir);
+    ASSERT_TRUE(f.journal.on());
+    GroupEntry* g = f.Admit(42, 1);
+    WorkEntry* w = f.table.FindWork(WalTrajId(g->serial, 0));
+    ASSERT_NE(w, nullptr);
+    f.journal.OnDispatched(w);
+    // Turn 1: two tokens streamed, the third only in the finished turn; then a call.
+    f.journal.OnChunk(w, *Chunk(w->id, 0, {10, 11}).c);
+    Finished turn1({10, 11, 12});
+    f.journal.OnTurnEnded(w, *turn1.t);
+    EXPECT_TRUE(w->tokens.empty());  // they joined the context
+    w->ctx_ids = {10, 11, 12};       // as ContinueToolLoop does
+    w->ctx_mask = {1, 1, 1};
+    f.journal.OnToolCallStarted(*w, ToolOutcome{}, 0);
+    f.journal.OnToolCallFinished(*w, ToolOutcome{}, 0);
+    const std::vector<int32_t> injected = {7, 8};
+    flatbuffers::FlatBufferBuilder ib;
+    ib.Finish(ib.CreateVector(injected));
+    f.journal.OnTurnBoundary(
+        *w, *flatbuffers::GetRoot<flatbuffers::Vector<int32_t>>(ib.GetBufferPointer()));
+    w->ctx_ids.insert(w->ctx_ids.end(), injected.begin(), injected.end());  // as OnInjected
+    w->ctx_mask.resize(5, 0);
+    // Turn 2 starts at index 5 (3 sampled + 2 injected).
+    f.journal.OnChunk(w, *Chunk(w->id, 3, {99}).c);  // before the turn: refused
+    f.journal.OnChunk(w, *Chunk(w->id, 5, {20}).c);
+    f.journal.OnChunk(w, *Chunk(w->id, 7, {98}).c);  // a gap: refused
+    f.journal.OnChunk(w, *Chunk(w->id, 6, {21}).c);
+    EXPECT_EQ(w->tokens, (std::vector<int32_t>{20, 21}));
+    EXPECT_EQ(w->SampledInContext(), 3u);
+    f.journal.DeliverDurable();  // commits
+    auto log = f.journal.log()->Read(w->id);
+    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    EXPECT_EQ(log->token_ids, (std::vector<int32_t>{10, 11, 12, 20, 21}));
+    ASSERT_EQ(log->turns.size(), 1u);
+    EXPECT_EQ(log->turns[0].token_index, 3u);
+    ASSERT_EQ(log->tool_calls.size(), 1u);
+    EXPECT_EQ(log->tool_calls[0].call.token_index, 3u);
+    ASSERT_FALSE(log->spans.empty());
+    EXPECT_EQ(log->spans.back().first_token, 5u);
+    EXPECT_EQ(log->spans.back().count, 2u);
+    // Failover: the turn's logged tokens are forced; the replica re-scores them at 5 and 6.
+    f.journal.OnDispatched(w);
+    EXPECT_EQ(w->forced, 2u);
+    f.journal.OnChunk(w, *Chunk(w->id, 5, {20}).c);
+    EXPECT_EQ(f.journal.log()->counters.forced_mismatches, 0u);
+    f.journal.OnChunk(w, *Chunk(w->id, 6, {22}).c);  // the control: another token at 6
+    EXPECT_EQ(f.journal.log()->counters.forced_mismatches, 1u);
+    EXPECT_EQ(w->tokens, (std::vector<int32_t>{20, 21}));
     EXPECT_TRUE(f.failures.empty());
   }
   std::filesystem::remove_all(dir);

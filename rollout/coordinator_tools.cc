@@ -28,7 +28,8 @@ bool Coordinator::State::ContinueToolLoop(Work* w, const wire::Trajectory& t) {
   const uint32_t n = t.ids() ? t.ids()->size() : 0;
   if (t.logprobs() == nullptr || t.logprobs()->size() != n) return false;
   // No further turn: the call stays unanswered and the trajectory ends with finish ToolCall.
-  if (w->turn >= m.max_turns() || w->sampled_base + n >= static_cast<uint32_t>(m.max_tokens())) {
+  if (w->turn >= m.max_turns() ||
+      w->SampledInContext() + n >= static_cast<uint32_t>(m.max_tokens())) {
     return false;
   }
   const Cost tc = CostFromWire(t.cost());
@@ -42,7 +43,6 @@ bool Coordinator::State::ContinueToolLoop(Work* w, const wire::Trajectory& t) {
   w->ctx_ids.insert(w->ctx_ids.end(), t.ids()->begin(), t.ids()->end());
   w->ctx_lps.insert(w->ctx_lps.end(), t.logprobs()->begin(), t.logprobs()->end());
   w->ctx_mask.resize(w->ctx_mask.size() + n, 1);
-  w->sampled_base += n;
   ++w->turn;
   const ResolvedCall rc = ResolveCall(m, t.tool_call() ? t.tool_call()->string_view() : "");
   ToolOutcome o;

@@ -17,6 +17,7 @@
 //   hands back parked groups past the retention bound, oldest first.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -73,27 +74,35 @@ struct WorkEntry {
   Clock::time_point enqueued;
   double queue_seconds = 0.0;
   int replica = -1;  // index into the ReplicaSet while dispatched
-  // WAL mode only: the logged tokens (re-dispatched as forced on resume / failover).
+  // WAL mode only: the current turn's logged tokens, trajectory indexes [ctx_ids.size(), ...)
+  // once its injected ids are in ctx_ids (re-dispatched as forced on resume / failover).
   bool header_logged = false;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   uint32_t forced = 0;  // forced tokens of the current dispatch
   // Tool loop (coordinator_tools.cc). ctx_*: every token of the finished turns, sampled and
-  // injected (the injected result of the current turn once the replica reported its ids).
+  // injected (the injected result of the current turn once the replica reported its ids):
+  // ctx_ids[i] is trajectory token i, and ctx_versions begin at trajectory indexes
+  // (docs/design.md "Token indexes").
   std::vector<int32_t> ctx_ids;
   std::vector<float> ctx_lps;
   std::vector<uint8_t> ctx_mask;
-  std::vector<wire::VersionSpan> ctx_versions;  // begin indexes into ctx_ids
-  uint32_t sampled_base = 0;  // sampled tokens before the current turn (WAL token index)
-  int32_t turn = 1;           // the current model turn, 1-based
-  uint32_t boundaries = 0;    // turn boundaries logged (injections applied)
-  std::string inject;         // the current turn's result text until the replica's ids arrive
+  std::vector<wire::VersionSpan> ctx_versions;
+  int32_t turn = 1;         // the current model turn, 1-based
+  uint32_t boundaries = 0;  // turn boundaries logged (injections applied)
+  std::string inject;       // the current turn's result text until the replica's ids arrive
   std::vector<ToolOutcome> calls;
   bool tool_running = false;  // in the tool runner: neither queued nor dispatched
   Cost cost;                  // engine cost of the finished turns + sandbox cost
   // WAL recovery: the weights version of its last logged tokens; it is not dispatched while
   // the live version is older (0: no constraint; cleared once dispatched).
   uint64_t needs_version = 0;
+
+  // Sampled tokens of the finished turns (mask 1 in ctx_mask): what max_tokens counts, since
+  // injected tokens do not spend the budget.
+  uint32_t SampledInContext() const {
+    return static_cast<uint32_t>(std::count(ctx_mask.begin(), ctx_mask.end(), uint8_t{1}));
+  }
 };
 
 // A finished WAL group out of memory (its trajectories are in the WAL until acknowledged): what

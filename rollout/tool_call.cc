@@ -181,6 +181,7 @@ ToolOutcome FromWal(const wal::ToolCallLog& log) {
   o.name = log.call.tool_name;
   o.input = log.call.input;
   o.tier = log.call.tier;
+  o.token_index = static_cast<int32_t>(log.call.token_index);  // both trajectory indexes
   if (log.result) {
     const wal::ToolResult& r = *log.result;
     o.exit_status = r.exit_status;

@@ -461,11 +461,9 @@ Result<TrajectoryRecord> RecordFromWal(const wal::TrajectoryLog& log) {
   r.ids = lt.ids;
   std::vector<float> lps = lt.lps;
   r.mask = lt.mask;
-  if (lt.sampled_base < log.token_ids.size()) {
-    r.ids.insert(r.ids.end(), log.token_ids.begin() + lt.sampled_base, log.token_ids.end());
-    lps.insert(lps.end(), log.logprobs.begin() + lt.sampled_base, log.logprobs.end());
-    r.mask.resize(r.ids.size(), 1);
-  }
+  r.ids.insert(r.ids.end(), lt.turn_ids.begin(), lt.turn_ids.end());
+  lps.insert(lps.end(), lt.turn_lps.begin(), lt.turn_lps.end());
+  r.mask.resize(r.ids.size(), 1);
   for (float f : lps) r.logprob_bits.push_back(FloatBits(f));
   for (size_t i = 0; i < r.mask.size(); ++i) {
     if (r.mask[i] == 0) r.logprob_bits[i] = 0;

@@ -91,57 +91,46 @@ std::string FinishTrajectory(flatbuffers::FlatBufferBuilder& fbb,
 
 LoggedTurns RebuildTurns(const wal::TrajectoryLog& log) {
   LoggedTurns lt;
-  // Sampled index -> index among all tokens: shifted by the injected tokens before it.
-  std::vector<std::pair<uint32_t, uint32_t>> shifts;  // (sampled index, injected before it)
-  uint32_t injected = 0;
-  auto take = [&](uint32_t upto) {
-    upto = std::min<uint32_t>(upto, static_cast<uint32_t>(log.token_ids.size()));
-    if (upto <= lt.sampled_base) return;
-    lt.ids.insert(lt.ids.end(), log.token_ids.begin() + lt.sampled_base,
-                  log.token_ids.begin() + upto);
-    lt.lps.insert(lt.lps.end(), log.logprobs.begin() + lt.sampled_base,
-                  log.logprobs.begin() + upto);
-    lt.mask.resize(lt.mask.size() + (upto - lt.sampled_base), 1);
-    lt.sampled_base = upto;
+  // The current turn starts after the last injection, or after the last call when its result is
+  // not injected yet (the turn that made it is over).
+  lt.pending_call = log.tool_calls.size() > log.turns.size();
+  uint32_t begin = 0;
+  if (lt.pending_call) {
+    begin = log.tool_calls.back().call.token_index;
+  } else if (!log.turns.empty()) {
+    const wal::TurnBoundary& b = log.turns.back();
+    begin = b.token_index + static_cast<uint32_t>(b.injected_tokens.size());
+  }
+  // Every logged token in trajectory order: sampled spans and injected boundaries interleave by
+  // index (the reader checked that they are contiguous).
+  size_t sampled = 0, k = 0;
+  auto push_sampled = [&](const wal::TokenSpan& s) {
+    for (uint32_t i = 0; i < s.count && sampled < log.token_ids.size(); ++i, ++sampled) {
+      const bool before = s.first_token + i < begin;
+      (before ? lt.ids : lt.turn_ids).push_back(log.token_ids[sampled]);
+      (before ? lt.lps : lt.turn_lps).push_back(log.logprobs[sampled]);
+      if (before) lt.mask.push_back(1);
+    }
+    if (lt.versions.empty() || lt.versions.back().version() != s.weight_version) {
+      lt.versions.emplace_back(static_cast<int32_t>(s.first_token), s.weight_version);
+    }
   };
-  for (size_t k = 0; k < log.turns.size(); ++k) {
-    const wal::TurnBoundary& b = log.turns[k];
-    take(b.token_index);
+  for (const wal::TurnBoundary& b : log.turns) {
+    for (; k < log.spans.size() && log.spans[k].first_token < b.token_index; ++k) {
+      push_sampled(log.spans[k]);
+    }
     lt.ids.insert(lt.ids.end(), b.injected_tokens.begin(), b.injected_tokens.end());
     lt.lps.resize(lt.lps.size() + b.injected_tokens.size(), 0.0f);
     lt.mask.resize(lt.mask.size() + b.injected_tokens.size(), 0);
-    injected += static_cast<uint32_t>(b.injected_tokens.size());
-    shifts.emplace_back(lt.sampled_base, injected);
     ++lt.turns;
   }
-  for (size_t k = 0; k < log.tool_calls.size(); ++k) {
-    ToolOutcome o = FromWal(log.tool_calls[k]);
+  for (; k < log.spans.size(); ++k) push_sampled(log.spans[k]);
+  if (lt.pending_call) ++lt.turns;
+  for (const wal::ToolCallLog& c : log.tool_calls) {
+    ToolOutcome o = FromWal(c);
     lt.sandbox_seconds += o.wall_seconds;
     lt.sandbox_cpu_seconds += o.cpu_seconds;
-    const uint32_t at = log.tool_calls[k].call.token_index;
-    // Call k ended turn k+1; the injections before it are those of boundaries 0..k-1.
-    uint32_t before = 0;
-    for (size_t j = 0; j < k && j < log.turns.size(); ++j) {
-      before += static_cast<uint32_t>(log.turns[j].injected_tokens.size());
-    }
-    o.token_index = static_cast<int32_t>(at + before);
     lt.calls.push_back(std::move(o));
-  }
-  if (log.tool_calls.size() > log.turns.size()) {
-    // The turn that made the last call is over; its result is not injected yet.
-    lt.pending_call = true;
-    take(log.tool_calls.back().call.token_index);
-    ++lt.turns;
-  }
-  // Version spans over the rebuilt tokens (sampled spans, shifted by the injections before).
-  for (const wal::TokenSpan& s : log.spans) {
-    uint32_t before = 0;
-    for (const auto& [si, inj] : shifts) {
-      if (si <= s.first_token) before = inj;
-    }
-    if (lt.versions.empty() || lt.versions.back().version() != s.weight_version) {
-      lt.versions.emplace_back(static_cast<int32_t>(s.first_token + before), s.weight_version);
-    }
   }
   return lt;
 }
@@ -153,11 +142,9 @@ std::string BuildLoggedTrajectory(const wal::TrajectoryLog& log, const SampleAdd
   std::vector<int32_t> all = lt.ids;
   std::vector<float> all_lps = lt.lps;
   std::vector<uint8_t> mask = lt.mask;
-  if (lt.sampled_base < log.token_ids.size()) {
-    all.insert(all.end(), log.token_ids.begin() + lt.sampled_base, log.token_ids.end());
-    all_lps.insert(all_lps.end(), log.logprobs.begin() + lt.sampled_base, log.logprobs.end());
-    mask.resize(all.size(), 1);
-  }
+  all.insert(all.end(), lt.turn_ids.begin(), lt.turn_ids.end());
+  all_lps.insert(all_lps.end(), lt.turn_lps.begin(), lt.turn_lps.end());
+  mask.resize(all.size(), 1);
   Cost cost = cost_in;
   cost.sandbox_seconds += lt.sandbox_seconds;
   cost.sandbox_cpu_seconds += lt.sandbox_cpu_seconds;

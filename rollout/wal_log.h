@@ -147,14 +147,17 @@ class WalLog {
 };
 
 // A trajectory's tool loop as logged: the tokens of its finished turns with the injected results
-// in place (TurnBoundary records), and its calls (results replayed from ToolResult records).
+// in place (TurnBoundary records), the current turn's logged tokens, and its calls (results
+// replayed from ToolResult records). The log's indexes are trajectory indexes (wal/wal.h), the
+// same as the client's: they are used as they are.
 struct LoggedTurns {
   std::vector<int32_t> ids;  // sampled + injected tokens before the current turn
   std::vector<float> lps;    // 0.0 for injected
   std::vector<uint8_t> mask;
-  std::vector<wire::VersionSpan> versions;  // begin indexes into ids
-  uint32_t sampled_base = 0;  // sampled tokens in ids (the current turn's tokens follow in the log)
-  int32_t turns = 1;          // the current turn (1-based)
+  std::vector<wire::VersionSpan> versions;  // every logged span; begin = trajectory index
+  std::vector<int32_t> turn_ids;  // the current turn's logged tokens, from index ids.size()
+  std::vector<float> turn_lps;
+  int32_t turns = 1;  // the current turn (1-based)
   std::vector<ToolOutcome> calls;
   // The last call's result is not injected yet (no TurnBoundary after it): with a result it is
   // replayed into the next turn; without one the call runs again (at-least-once).

@@ -254,6 +254,16 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
   std::vector<uint64_t> aligned;
   BR_ASSIGN_OR_RETURN(const fb::WalRecord* rec, Parse(value, where, aligned));
   const auto type = rec->body_type();
+  // Versions 1 and 2 count sampled tokens only: their index + the injected tokens before it.
+  const uint8_t version = static_cast<uint8_t>(value[format::kVersionOffset]);
+  const uint32_t shift = version < format::kFirstTrajectoryIndexVersion ? injected_ : 0;
+  // A record's index must be the tokens logged before it, counted the way its version counts.
+  auto at_index = [&](const char* what, uint32_t index) {
+    if (uint64_t{index} + shift == length_) return Status::Ok();
+    return bad(std::string(what) + " " + std::to_string(index) + ", expected " +
+               std::to_string(length_ - shift) + " (format version " + std::to_string(version) +
+               ")");
+  };
   if (log_.finish.has_value() != (type == fb::RecordBody::Acked)) {
     return bad(log_.finish.has_value() ? "record after the finish record"
                                        : "acknowledgement of an unfinished trajectory");
@@ -285,11 +295,10 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
       const auto* lps = t->logprobs();
       const size_t n = ids ? ids->size() : 0;
       if (n == 0 || lps == nullptr || lps->size() != n) return bad("token record is malformed");
-      if (t->first_index() != log_.token_ids.size()) {
-        return bad("token record starts at " + std::to_string(t->first_index()) + ", expected " +
-                   std::to_string(log_.token_ids.size()));
-      }
-      log_.spans.push_back({t->first_index(), static_cast<uint32_t>(n), t->weight_version()});
+      BR_RETURN_IF_ERROR(at_index("token record starts at", t->first_index()));
+      if (uint64_t{length_} + n > UINT32_MAX) return bad("trajectory exceeds 2^32 tokens");
+      log_.spans.push_back({length_, static_cast<uint32_t>(n), t->weight_version()});
+      length_ += static_cast<uint32_t>(n);
       log_.token_ids.resize(log_.token_ids.size() + n);
       log_.logprobs.resize(log_.logprobs.size() + n);
       std::memcpy(log_.token_ids.data() + log_.token_ids.size() - n, ids->data(), 4 * n);
@@ -300,9 +309,15 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
       const fb::TurnBoundary* t = rec->body_as_TurnBoundary();
       TurnBoundary o;
       o.turn_index = t->turn_index();
-      o.token_index = t->token_index();
+      BR_RETURN_IF_ERROR(at_index("turn boundary at", t->token_index()));
+      o.token_index = length_;
       if (const auto* inj = t->injected_tokens())
         o.injected_tokens.assign(inj->begin(), inj->end());
+      if (uint64_t{length_} + o.injected_tokens.size() > UINT32_MAX) {
+        return bad("trajectory exceeds 2^32 tokens");
+      }
+      length_ += static_cast<uint32_t>(o.injected_tokens.size());
+      injected_ += static_cast<uint32_t>(o.injected_tokens.size());
       log_.turns.push_back(std::move(o));
       break;
     }
@@ -310,7 +325,8 @@ Status TrajectoryDecoder::Add(uint64_t seq, std::string_view value) {
       const fb::ToolCall* c = rec->body_as_ToolCall();
       ToolCallLog o;
       o.call.call_index = c->call_index();
-      o.call.token_index = c->token_index();
+      BR_RETURN_IF_ERROR(at_index("tool call at", c->token_index()));
+      o.call.token_index = length_;
       o.call.tool_name = Str(c->tool_name());
       o.call.tier = TierFromLog(c->tier());
       o.call.input = std::string(View(c->input()));

@@ -52,7 +52,12 @@ class TrajectoryDecoder {
   // Adds record `seq`. kCorruption naming the trajectory and the record key when the record fails
   // its CRC, its FlatBuffers verifier, or the log's rules (seq 0 is the header, sequence numbers
   // are contiguous, token indices continue, results match calls, nothing follows the finish).
+  // The log's token indexes are trajectory indexes whatever the record's format version: a
+  // version 1 or 2 record's index (sampled tokens before it) is moved by the injected tokens of
+  // the boundaries read before it.
   Status Add(uint64_t seq, std::string_view value);
+  // Trajectory tokens read so far: sampled plus injected.
+  uint32_t length() const { return length_; }
   // kCorruption if no record was added (a trajectory without a header).
   Status Done() const;
   const TrajectoryLog& log() const { return log_; }
@@ -63,6 +68,8 @@ class TrajectoryDecoder {
 
  private:
   uint64_t next_seq_ = 0;
+  uint32_t length_ = 0;    // trajectory tokens read: sampled + injected
+  uint32_t injected_ = 0;  // injected tokens read (the version 1/2 conversion)
   std::string request_digest_;
   std::map<uint32_t, size_t> call_pos_;  // call_index -> position in log_.tool_calls
   TrajectoryLog log_;

@@ -491,8 +491,12 @@ Status Wal::AppendTurnBoundary(uint64_t traj, const TurnBoundary& b) {
   std::lock_guard<std::mutex> l(w.mu);
   TrajState* s = nullptr;
   BR_RETURN_IF_ERROR(w.CheckAppendable(traj, &s));
+  if (uint64_t{s->tokens} + b.injected_tokens.size() > UINT32_MAX) {
+    return Status::OutOfRange("trajectory " + std::to_string(traj) + " exceeds 2^32 tokens");
+  }
   TurnBoundary copy = b;
   copy.token_index = s->tokens;
+  s->tokens += static_cast<uint32_t>(b.injected_tokens.size());
   w.st.tokens_appended += b.injected_tokens.size();
   w.Push(MakeOp(Op::kPutTraj, traj, s->next_seq++, internal::EncodeTurnBoundary(copy)));
   return Status::Ok();

@@ -132,7 +132,11 @@ struct TrajectoryHeader {
   NumericsFingerprint fingerprint;
 };
 
-// Tokens [first_token, first_token + count) were generated with weights weight_version.
+// Every index below is a trajectory index: it counts the tokens after the prompt, sampled
+// (TrajectoryLog::token_ids) and injected (TurnBoundary::injected_tokens), in log order
+// (docs/design.md "Token indexes"). Records of format versions 1 and 2 are converted on read.
+
+// Trajectory tokens [first_token, first_token + count) were sampled with weights weight_version.
 struct TokenSpan {
   uint32_t first_token = 0;
   uint32_t count = 0;
@@ -141,13 +145,13 @@ struct TokenSpan {
 
 struct TurnBoundary {
   uint32_t turn_index = 0;
-  uint32_t token_index = 0;  // set by the Wal on append: generated tokens logged before it
+  uint32_t token_index = 0;  // set by the Wal on append: trajectory tokens logged before it
   std::vector<int32_t> injected_tokens;  // tokens the coordinator inserts after the boundary
 };
 
 struct ToolCall {
   uint32_t call_index = 0;   // unique within the trajectory
-  uint32_t token_index = 0;  // set by the Wal on append: generated tokens logged before it
+  uint32_t token_index = 0;  // set by the Wal on append: trajectory tokens logged before it
   std::string tool_name;
   ToolTier tier = ToolTier::kFunction;
   std::string input;
@@ -181,7 +185,7 @@ struct ToolCallLog {
 struct TrajectoryLog {
   uint64_t id = 0;
   TrajectoryHeader header;
-  std::vector<int32_t> token_ids;  // generated tokens, in order
+  std::vector<int32_t> token_ids;  // sampled tokens, in order (the injected ones are in `turns`)
   std::vector<float> logprobs;     // one per token, bit-exact
   std::vector<TokenSpan> spans;    // one per logged token batch
   std::vector<TurnBoundary> turns;
@@ -252,7 +256,8 @@ class Wal {
   // REQUIRES: ids.size() == logprobs.size() > 0; traj has a header and no finish.
   Status AppendTokens(uint64_t traj, std::span<const int32_t> ids, std::span<const float> logprobs,
                       uint64_t weight_version);
-  // token_index of `b` is overwritten with the trajectory's current token count.
+  // token_index of `b` is overwritten with the trajectory's current length (sampled + injected
+  // tokens logged); its injected tokens then follow at that index.
   Status AppendTurnBoundary(uint64_t traj, const TurnBoundary& b);
   // token_index of `call` is overwritten. REQUIRES: call.call_index not used yet in traj.
   Status AppendToolCall(uint64_t traj, const ToolCall& call);

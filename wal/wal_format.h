@@ -21,9 +21,19 @@ namespace bitroll::wal::format {
 
 // Bumped when a reader of the previous version could misread a record. Open() refuses versions
 // outside [kOldestReadableVersion, kFormatVersion] and upgrades an older environment's meta record
-// to kFormatVersion (version 1 records remain readable: version 2 only added request blobs).
-inline constexpr uint32_t kFormatVersion = 2;
+// to kFormatVersion; every record keeps the version it was written with (kVersionOffset), and the
+// reader decodes each record by its own version:
+//   1: the first format.
+//   2: added request blobs (version 1 records read unchanged).
+//   3: Tokens.first_index, TurnBoundary.token_index and ToolCall.token_index count every token
+//      after the prompt (sampled and injected: the trajectory index, docs/design.md "Token
+//      indexes"); versions 1 and 2 counted sampled tokens only, and the reader converts them
+//      (kFirstTrajectoryIndexVersion).
+inline constexpr uint32_t kFormatVersion = 3;
 inline constexpr uint32_t kOldestReadableVersion = 1;
+// The first version whose token indexes are trajectory indexes; older records count sampled
+// tokens only.
+inline constexpr uint32_t kFirstTrajectoryIndexVersion = 3;
 
 inline constexpr const char* kTrajDbName = "traj";
 inline constexpr const char* kGroupDbName = "groups";

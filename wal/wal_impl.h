@@ -114,7 +114,7 @@ struct TrajState {
   uint64_t next_seq = 0;
   uint64_t committed_next = 0;  // records with seq < this are committed
   uint64_t durable_next = 0;    // records with seq < this are durable
-  uint32_t tokens = 0;          // generated tokens logged
+  uint32_t tokens = 0;          // trajectory tokens logged (sampled + injected)
   bool finished = false;
   bool quarantined = false;
   bool acked = false;  // acknowledged with a retention period; deleted when it ends

@@ -102,9 +102,9 @@ Result<RecoveryResult> Wal::Recover() {
       }
     }
     if (!bad) {
+      s.tokens = dec->length();
       TrajectoryLog log = dec->TakeLog();
       if (!request.empty()) log.header.request = std::move(request);
-      s.tokens = static_cast<uint32_t>(log.token_ids.size());
       s.finished = log.finish.has_value();
       s.bytes = log.bytes;
       for (const ToolCallLog& t : log.tool_calls) s.calls[t.call.call_index] = t.result.has_value();

@@ -184,7 +184,7 @@ TEST(WalRequestBlob, FormatOneDirectoryOpensAndIsUpgraded) {
     ASSERT_EQ(rr.unfinished.size(), 1u);
     EXPECT_EQ(rr.unfinished[0].header.request, MakeHeader(1).request);
   }
-  set_version(3);  // negative control: a newer format is refused
+  set_version(format::kFormatVersion + 1);  // negative control: a newer format is refused
   auto w = Wal::Open(Opts(dir.path()));
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), ErrorCode::kUnsupported);

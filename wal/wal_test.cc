@@ -59,7 +59,7 @@ void WriteRichTrajectory(Wal& w, uint64_t traj, bool finish, TrajectoryLog* expe
   call.tier = ToolTier::kContainer;
   call.input = std::string("print(1)\0\xfe", 10);
   ASSERT_TRUE(w.AppendToolCall(traj, call).ok());
-  call.token_index = 37;
+  call.token_index = 40;  // a trajectory index: 37 sampled + 3 injected tokens before it
   ToolResult res;
   res.call_index = 0;
   res.exit_status = -9;
@@ -73,11 +73,12 @@ void WriteRichTrajectory(Wal& w, uint64_t traj, bool finish, TrajectoryLog* expe
   ASSERT_TRUE(w.AppendToolResult(traj, res).ok());
   expect->tool_calls.push_back({call, res});
   AppendTokenRange(w, traj, 37, 40, 16, 4, expect);  // a weight update mid-trajectory
+  expect->spans.back().first_token = 40;             // sampled token 37 is trajectory token 40
   ToolCall open_call = call;
   open_call.call_index = 1;
   open_call.input = "unanswered";
   ASSERT_TRUE(w.AppendToolCall(traj, open_call).ok());
-  open_call.token_index = 40;
+  open_call.token_index = 43;
   expect->tool_calls.push_back({open_call, std::nullopt});
   if (finish) {
     ASSERT_TRUE(w.AppendFinish(traj, FinishReason::kStop, "stop").ok());

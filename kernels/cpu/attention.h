@@ -28,7 +28,8 @@
 // Prefill tile (AVX-512, fp32 K/V, full attention): up to 16 consecutive rows of one sequence and
 // head run with one query per register lane, so the 16 scores of one key, the max and sum trees,
 // the exponentials, the value chains and the merge are all vertical operations, lane by lane the
-// canonical ones (attention_tile_avx512.cc).
+// canonical ones; up to 4 tiles of consecutive rows walk the chunks in lockstep, sharing each
+// chunk's K/V loads, and keep o in registers across a few chunks (attention_tile_avx512.cc).
 // How items and chunks are grouped into tasks is a scheduling choice and never changes a bit.
 //
 // ISA: the scalar, AVX2 and AVX-512 versions of the per-chunk code perform the same operations in

@@ -62,9 +62,15 @@ void MergePartialsAvx512(int32_t head_dim, int32_t n, AttentionPartial* const* a
 // first + n - 1, head `head`), consecutive rows of one sequence (one block table), one query per
 // lane of every register; writes their outputs. Each row gets the bits of the single-worker walk
 // (the canonical order of attention.h, lane by lane; attention_tile_avx512.cc). 1 <= n <=
-// kTileQueries.
+// kTileRows: the rows run as tiles of kTileQueries that walk the chunks in lockstep, so each
+// chunk's K/V is brought in once for all of them.
 inline constexpr int32_t kTileQueries = 16;
+inline constexpr int32_t kTileRows = 64;
 void AttentionTileAvx512(const AttentionParams& p, int32_t first, int32_t n, int32_t head);
+// TEST ONLY: the tile with one operation of its o update changed on purpose (o * a + o_c * b as
+// one fma instead of two multiplies and an add): a negative control for the memcmp tests.
+void AttentionTileAvx512FusedForTest(const AttentionParams& p, int32_t first, int32_t n,
+                                     int32_t head);
 
 // Addresses of chunk `chunk`'s keys for kv head `kvh`: K rows [head_dim][block_size] starting at
 // the chunk's first key, and V rows [keys][head_dim]. T: the pool's element type (float, or

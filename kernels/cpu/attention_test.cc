@@ -428,6 +428,89 @@ Case PrefillCase(int32_t n_heads, int32_t n_kv, int32_t hd, int32_t bs, int32_t 
 
 }  // namespace window
 
+// ---- the AVX-512 prefill tile, called directly ----
+
+// Rows first .. first + n - 1 of f's call through the tile (every head), written into `out`.
+void RunTile(Fixture& f, int32_t first, int32_t n, bool fused_break, std::vector<float>* out) {
+  AttentionParams pp = f.p;
+  pp.out = out->data();
+  for (int32_t h = 0; h < f.c.n_heads; ++h) {
+    if (fused_break) {
+      internal::AttentionTileAvx512FusedForTest(pp, first, n, h);
+    } else {
+      internal::AttentionTileAvx512(pp, first, n, h);
+    }
+  }
+}
+
+bool SameRows(const Fixture& f, const std::vector<float>& a, const std::vector<float>& b,
+              int32_t first, int32_t n) {
+  const int64_t row = int64_t{f.c.n_heads} * f.c.head_dim;
+  return std::memcmp(a.data() + first * row, b.data() + first * row, n * row * sizeof(float)) == 0;
+}
+
+// Groups of every size class up to kTileRows (one tile, several tiles walking the chunks in
+// lockstep, a last tile of 1 row), rows whose chunk counts sit around the tile's span of 8 chunks
+// (7, 8, 9, 16, 17, ...), head dims that are not multiples of its 8-wide blocks of d or of its
+// 16 x 16 transposes, GQA, blocks of 16 and 32 keys, sinks, and positions with a gap: every row
+// has the reference's bits.
+TEST(AttentionTile, EveryGroupGivesTheReferenceBits) {
+  if (!IsaSupported(Isa::kAvx512)) {
+    std::cerr << "*** attention_test: no avx512; the prefill tile is NOT tested ***\n";
+    return;
+  }
+  uint32_t seed = 201;
+  for (Case c : {Case{4, 2, 64, 16, {}}, Case{2, 1, 20, 32, {}}, Case{2, 2, 3, 16, {}},
+                 Case{3, 3, 40, 16, {}}}) {
+    for (bool gap : {false, true}) {
+      c.positions.clear();
+      for (int32_t t = 0; t < 300; ++t) c.positions.push_back(gap && t >= 130 ? t + 77 : t);
+      Fixture f(c, seed++);
+      for (auto& t : f.table_ptrs) t = f.table_ptrs.back();  // one sequence
+      for (bool sinks : {false, true}) {
+        const std::vector<float> sk = window::Sinks(c.n_heads, seed);
+        f.p.sinks = sinks ? sk.data() : nullptr;
+        const std::vector<float> ref = f.Reference();
+        for (int32_t first : {0, 100, 111, 128, 236}) {
+          for (int32_t n : {1, 4, 15, 16, 17, 31, 33, 48, 63, 64}) {
+            if (first + n > 300) continue;
+            std::vector<float> out(ref.size(), -1.0f);
+            RunTile(f, first, n, false, &out);
+            EXPECT_TRUE(SameRows(f, ref, out, first, n))
+                << "rows " << first << ".." << first + n - 1 << " head_dim " << c.head_dim
+                << " block " << c.block_size << " sinks " << sinks << " gap " << gap;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Negative control for the tile: its o update o * a + o_c * b done as one fma (o_c * b not
+// rounded on its own) instead of two multiplies and an add. The memcmp check above must see it,
+// while the result is still attention (only the rounding differs).
+TEST(AttentionTile, NegativeControlFusedOUpdateChangesBits) {
+  if (!IsaSupported(Isa::kAvx512)) {
+    std::cerr << "*** attention_test: no avx512; the tile's negative control is NOT run ***\n";
+    return;
+  }
+  Case c{4, 2, 64, 16, {}};
+  for (int32_t t = 0; t < 300; ++t) c.positions.push_back(t);
+  Fixture f(c, 211);
+  for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
+  const std::vector<float> ref = f.Reference();
+  std::vector<float> good(ref.size(), -1.0f), broken(ref.size(), -1.0f);
+  RunTile(f, 236, 64, false, &good);
+  RunTile(f, 236, 64, true, &broken);
+  EXPECT_TRUE(SameRows(f, ref, good, 236, 64));
+  EXPECT_FALSE(SameRows(f, ref, broken, 236, 64))
+      << "a fused o update should not reproduce the canonical bits";
+  const int64_t row = int64_t{c.n_heads} * c.head_dim;
+  for (int64_t i = 236 * row; i < 300 * row; ++i) {
+    ASSERT_NEAR(broken[i], ref[i], 1e-5 * (1 + std::fabs(ref[i]))) << i;
+  }
+}
+
 TEST(AttentionWindow, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) {
   uint32_t seed = 71;
   for (bool prefill : {false, true}) {

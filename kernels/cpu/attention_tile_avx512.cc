@@ -1,5 +1,5 @@
 // The AVX-512 prefill tile: up to 16 consecutive query rows of one sequence and head, one query
-// per lane, walk their chunks together.
+// per lane, walk their chunks together (and up to kTileRows / 16 such tiles in lockstep).
 //
 // deterministic: the canonical order of attention.h, lane i = query i, every step vertical:
 //   s_j   = fma chain over d of q_i[d] * K[j][d] (register S[j], 16 of them), then * scale;
@@ -18,6 +18,16 @@
 // order: a query's bits do not depend on which other queries share its tile (tested with memcmp
 // against AttentionReference in attention_test.cc). Only the layout differs: the 16 scores of a
 // key are one register instead of the 16 keys of a query.
+//
+// Scheduling (no operation or order changes): the chunks are walked in spans of kSpan. Pass 1
+// computes, chunk by chunk, the scores, p_j, l_c and the merge's m, l, a, b (the running m and l
+// stay in registers) and keeps p_j, a, b in a small buffer; pass 2 then runs, per block of 8 d,
+// the value chains of the span's chunks (two chunks at a time: 16 independent chains) and their o
+// updates in chunk order with that block of o held in registers, so o is loaded and stored once
+// per span instead of once per chunk. Up to kTileRows / 16 tiles of consecutive rows walk the
+// spans in lockstep (pass 1 of every tile, then pass 2 of every tile), so a span's K and V are
+// brought in once for all of them; the first tile prefetches each chunk's V and the next chunk's
+// K while it computes scores. The queries and outputs move through 16 x 16 register transposes.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -31,20 +41,76 @@ static_assert(kAttentionChunk == 16 && kTileQueries == 16, "one chunk and one ti
 
 namespace {
 
-// The tile's running state: m and l per lane, o transposed ([d][lane]).
+// The tile's running state: m and l per lane, o transposed ([d][lane]). o lives here only
+// between spans; within a span a block of d of it is held in registers across the span's chunks.
 struct TileState {
   __m512 m;
   __m512 l;
   alignas(64) float o[256][16];
 };
 
+// Chunks whose p_j and merge factors are computed (pass 1) before the value chains and o updates
+// run over them (pass 2), so that o is loaded and stored once per span instead of once per chunk.
+constexpr int32_t kSpan = 4;
+
+// One chunk of a span, after pass 1.
+struct SpanChunk {
+  alignas(64) float p[16][16];  // p[j][lane]: p_j of each lane's query (0 where not valid)
+  __m512 a, b;                  // the merge factors of MergePartial (unused when copy)
+  const float* v;               // V rows of the chunk: v[j * head_dim + d]
+  __mmask16 valid[16];          // lanes at or past key j
+  __mmask16 live;               // lanes whose query reaches this chunk
+  bool copy;                    // first chunk without sinks: the state starts as its partial
+  bool masked;                  // some real lane stops inside the chunk
+};
+
+// r[i] lane x <- r[x] lane i: a 16 x 16 transpose (moves only, no arithmetic).
+inline void Transpose16(__m512* r) {
+  __m512 t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  // r[4g + k] now holds, in each 128-bit quarter q, rows 4g..4g+3 of column 4q + k.
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      t[8 * h + k] = _mm512_shuffle_f32x4(r[8 * h + k], r[8 * h + 4 + k], 0x88);
+      t[8 * h + 4 + k] = _mm512_shuffle_f32x4(r[8 * h + k], r[8 * h + 4 + k], 0xDD);
+    }
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
+    r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xDD);
+    r[4 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0x88);
+    r[12 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0xDD);
+  }
+}
+
 // Scores of chunk `base` for the 16 lanes: S[j] lane i = s_j of query i (-inf where invalid).
+// Prefetches the chunk's V rows (pass 2 reads them) and, if k_next, the next chunk's K rows.
 inline void TileScores(const AttentionParams& p, const float (*qt)[16], const float* k,
-                       const __mmask16* valid, __m512* s) {
+                       const float* v, const float* k_next, const __mmask16* valid, __m512* s) {
   const int64_t bs = p.block_size;
 #pragma GCC unroll 16
   for (int j = 0; j < 16; ++j) s[j] = _mm512_setzero_ps();
   for (int32_t d = 0; d < p.head_dim; ++d) {
+    // The chunk's V is 16 * head_dim floats, head_dim cache lines: one per d.
+    if (v != nullptr) _mm_prefetch(reinterpret_cast<const char*>(v + 16 * d), _MM_HINT_T0);
+    if (k_next != nullptr)
+      _mm_prefetch(reinterpret_cast<const char*>(k_next + d * bs), _MM_HINT_T0);
     const __m512 qd = _mm512_load_ps(qt[d]);
     const float* kd = k + d * bs;
 #pragma GCC unroll 16
@@ -80,121 +146,275 @@ inline __m512 Add16(__m512 a, __m512 b) {
   return _mm512_add_ps(a, b);
 }
 
-// o_c[d0 .. d0 + NB) for the 16 lanes, then the state's o update on the lanes in `live`:
-// copy (first chunk) or o * a + o_c * b. kMasked = false when every key of the chunk is valid in
-// every live lane (the chunks below the diagonal): plain fmas, the same operations there.
-template <int NB, bool kMasked>
-inline void TileValues(int32_t hd, int32_t d0, const float* v, const __m512* pj,
-                       const __mmask16* valid, __mmask16 live, bool copy, __m512 a, __m512 b,
-                       TileState* st) {
-  __m512 acc[NB];
+// Pass 2 for NC consecutive chunks of a span and the block d0 .. d0 + NB of o (in registers):
+// each chunk's o_c chains (independent, interleaved), then the chunks' o updates in chunk order:
+// copy, or o * a + o_c * b (separate multiplies and an add), on the chunk's live lanes.
+// kMasked: a lane past its causal edge keeps its accumulator (masked fma), as the scalar loop
+// stops there; without it every key of the NC chunks is valid in every real lane (plain fmas,
+// the same operations there). kFusedBreak (tests only): the o update as one fma instead, the
+// wrong order that the tests must catch.
+template <int NB, int NC, bool kMasked, bool kFusedBreak>
+inline void SpanValues(int32_t hd, int32_t d0, const SpanChunk* ch, __m512* o) {
+  __m512 acc[NC][NB];
+#pragma GCC unroll 2
+  for (int c = 0; c < NC; ++c) {
 #pragma GCC unroll 8
-  for (int x = 0; x < NB; ++x) acc[x] = _mm512_setzero_ps();
-#pragma GCC unroll 16
+    for (int x = 0; x < NB; ++x) acc[c][x] = _mm512_setzero_ps();
+  }
+  const float* vj[NC];
+#pragma GCC unroll 2
+  for (int c = 0; c < NC; ++c) vj[c] = ch[c].v + d0;
+    // Not unrolled over j: one row pointer per chunk, advanced by a row per key.
+#pragma GCC unroll 1
   for (int j = 0; j < 16; ++j) {
-    const float* vj = v + static_cast<int64_t>(j) * hd + d0;
+#pragma GCC unroll 2
+    for (int c = 0; c < NC; ++c) {
+      const __m512 pj = _mm512_load_ps(ch[c].p[j]);
+#pragma GCC unroll 8
+      for (int x = 0; x < NB; ++x) {
+        if constexpr (kMasked) {
+          acc[c][x] =
+              _mm512_mask3_fmadd_ps(pj, _mm512_set1_ps(vj[c][x]), acc[c][x], ch[c].valid[j]);
+        } else {
+          acc[c][x] = _mm512_fmadd_ps(pj, _mm512_set1_ps(vj[c][x]), acc[c][x]);
+        }
+      }
+      vj[c] += hd;
+    }
+  }
+#pragma GCC unroll 2
+  for (int c = 0; c < NC; ++c) {
+    const SpanChunk& k = ch[c];
 #pragma GCC unroll 8
     for (int x = 0; x < NB; ++x) {
-      if constexpr (kMasked) {
-        acc[x] = _mm512_mask3_fmadd_ps(pj[j], _mm512_set1_ps(vj[x]), acc[x], valid[j]);
-      } else {
-        acc[x] = _mm512_fmadd_ps(pj[j], _mm512_set1_ps(vj[x]), acc[x]);
+      __m512 merged = acc[c][x];
+      if (!k.copy) {
+        if constexpr (kFusedBreak) {
+          merged = _mm512_fmadd_ps(acc[c][x], k.b, _mm512_mul_ps(o[x], k.a));
+        } else {
+          merged = _mm512_add_ps(_mm512_mul_ps(o[x], k.a), _mm512_mul_ps(acc[c][x], k.b));
+        }
       }
+      o[x] = k.live == 0xFFFF ? merged : _mm512_mask_mov_ps(o[x], k.live, merged);
+    }
+  }
+}
+
+// Pass 2 over the n chunks of a span for o[d0 .. d0 + NB): o loaded once, the chunks in order
+// (two at a time: 2 x NB independent chains), o stored once.
+template <int NB, bool kFusedBreak>
+inline void SpanBlock(int32_t hd, int32_t d0, const SpanChunk* ch, int32_t n, TileState* st) {
+  __m512 o[NB];
+#pragma GCC unroll 8
+  for (int x = 0; x < NB; ++x) o[x] = _mm512_load_ps(st->o[d0 + x]);
+  int32_t c = 0;
+  for (; c + 2 <= n; c += 2) {
+    if (ch[c].masked || ch[c + 1].masked) {
+      SpanValues<NB, 2, true, kFusedBreak>(hd, d0, ch + c, o);
+    } else {
+      SpanValues<NB, 2, false, kFusedBreak>(hd, d0, ch + c, o);
+    }
+  }
+  if (c < n) {
+    if (ch[c].masked) {
+      SpanValues<NB, 1, true, kFusedBreak>(hd, d0, ch + c, o);
+    } else {
+      SpanValues<NB, 1, false, kFusedBreak>(hd, d0, ch + c, o);
     }
   }
 #pragma GCC unroll 8
-  for (int x = 0; x < NB; ++x) {
-    float* o = st->o[d0 + x];
-    const __m512 old = _mm512_load_ps(o);
-    __m512 merged = acc[x];
-    if (!copy) merged = _mm512_add_ps(_mm512_mul_ps(old, a), _mm512_mul_ps(acc[x], b));
-    _mm512_store_ps(o, _mm512_mask_mov_ps(old, live, merged));
+  for (int x = 0; x < NB; ++x) _mm512_store_ps(st->o[d0 + x], o[x]);
+}
+
+// One tile of up to 16 consecutive rows: its queries (transposed), positions and state.
+struct TileRows {
+  alignas(64) float qt[256][16];  // qt[d][lane]; rows d < head_dim hold the queries
+  TileState st;
+  SpanChunk span[kSpan];
+  __m512i vpos;  // each lane's query position (-1 for a lane past the tile's rows)
+  int32_t first, n, min_pos, n_chunks;
+};
+
+// Addresses of a span's chunks for one kv head: k[i], v[i] for chunk c0 + i; k[n] is the next
+// span's first chunk, or nullptr.
+struct SpanAddr {
+  const float* k[kSpan + 1];
+  const float* v[kSpan];
+};
+
+void LoadTile(const AttentionParams& p, int32_t first, int32_t n, int32_t head, TileRows* t) {
+  const int32_t hd = p.head_dim;
+  alignas(64) int32_t pos[16];
+  int32_t max_pos = 0;
+  t->first = first;
+  t->n = n;
+  t->min_pos = p.positions[first];
+  for (int32_t i = 0; i < 16; ++i) {
+    pos[i] = i < n ? p.positions[first + i] : -1;  // a lane past n is never valid
+    max_pos = std::max(max_pos, pos[i]);
+    if (i < n) t->min_pos = std::min(t->min_pos, pos[i]);
   }
+  t->vpos = _mm512_load_si512(pos);
+  t->n_chunks = max_pos / kAttentionChunk + 1;
+  const int64_t row_stride = static_cast<int64_t>(p.n_heads) * hd;
+  const float* q0 =
+      p.q + static_cast<int64_t>(first) * row_stride + static_cast<int64_t>(head) * hd;
+  for (int32_t d0 = 0; d0 < hd; d0 += 16) {  // qt rows d0 .. d0 + 15 (<= 255): 16 x 16 blocks
+    const __mmask16 dm = static_cast<__mmask16>(hd - d0 >= 16 ? 0xFFFF : (1u << (hd - d0)) - 1);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+      r[i] = i < n ? _mm512_maskz_loadu_ps(dm, q0 + i * row_stride + d0) : _mm512_setzero_ps();
+    }
+    Transpose16(r);
+#pragma GCC unroll 16
+    for (int x = 0; x < 16; ++x) _mm512_store_ps(t->qt[d0 + x], r[x]);
+  }
+  const bool sink = p.sinks != nullptr;
+  t->st.m = _mm512_set1_ps(sink ? p.sinks[head] : 0.0f);
+  t->st.l = _mm512_set1_ps(1.0f);
+  for (int32_t d = 0; d < hd; ++d) _mm512_store_ps(t->st.o[d], _mm512_setzero_ps());
+}
+
+// Pass 1 over chunks c0 .. c0 + cnt - 1 of tile t: scores, p_j, l_c and the merge's m, l, a, b
+// of every chunk, in chunk order. With `prefetch`, each chunk's V and the next chunk's K are
+// prefetched while its scores run.
+void Pass1(const AttentionParams& p, const SpanAddr& addr, int32_t c0, int32_t cnt, bool prefetch,
+           TileRows* t) {
+  const bool sink = p.sinks != nullptr;
+  TileState& st = t->st;
+  for (int32_t i = 0; i < cnt; ++i) {
+    const int32_t c = c0 + i;
+    const int32_t base = c * kAttentionChunk;
+    SpanChunk& sc = t->span[i];
+    // Lanes whose query reaches this chunk, and per key j the lanes at or past it.
+    sc.live = _mm512_cmpge_epi32_mask(t->vpos, _mm512_set1_epi32(base));
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      sc.valid[j] = _mm512_cmpge_epi32_mask(t->vpos, _mm512_set1_epi32(base + j));
+    }
+    sc.masked = base + kAttentionChunk - 1 > t->min_pos;
+    sc.v = addr.v[i];
+
+    __m512 s[16];
+    TileScores(p, t->qt, addr.k[i], prefetch ? addr.v[i] : nullptr,
+               prefetch ? addr.k[i + 1] : nullptr, sc.valid, s);
+    const __m512 m = Tree(s, MaxKeep16);
+    __m512 e[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      e[j] = _mm512_maskz_mov_ps(sc.valid[j], Exp16(_mm512_sub_ps(s[j], m)));
+      _mm512_store_ps(sc.p[j], e[j]);
+    }
+    const __m512 l = Tree(e, Add16);
+
+    // The merge's scalars, lane by lane (MergePartial: m' = std::max(acc.m, m) = acc.m < m ?
+    // m : acc.m; a = Exp(acc.m - m'); b = Exp(m - m'); l' = acc.l * a + l * b).
+    sc.copy = c == 0 && !sink;
+    if (sc.copy) {
+      st.m = _mm512_mask_mov_ps(st.m, sc.live, m);
+      st.l = _mm512_mask_mov_ps(st.l, sc.live, l);
+    } else {
+      const __m512 mn = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(st.m, m, _CMP_LT_OQ), st.m, m);
+      sc.a = Exp16(_mm512_sub_ps(st.m, mn));
+      sc.b = Exp16(_mm512_sub_ps(m, mn));
+      const __m512 ln = _mm512_add_ps(_mm512_mul_ps(st.l, sc.a), _mm512_mul_ps(l, sc.b));
+      st.l = _mm512_mask_mov_ps(st.l, sc.live, ln);
+      st.m = _mm512_mask_mov_ps(st.m, sc.live, mn);
+    }
+  }
+}
+
+// Pass 2 over the first cnt chunks of tile t's span: the value chains and the o updates, in
+// chunk order, per block of d with that block of o in registers.
+template <bool kFusedBreak>
+void Pass2(int32_t hd, int32_t cnt, TileRows* t) {
+  int32_t d0 = 0;
+  for (; d0 + 8 <= hd; d0 += 8) SpanBlock<8, kFusedBreak>(hd, d0, t->span, cnt, &t->st);
+  for (; d0 < hd; ++d0) SpanBlock<1, kFusedBreak>(hd, d0, t->span, cnt, &t->st);
+}
+
+// out = o[d] / l per lane, transposed back to rows 16 d at a time.
+void StoreTile(const AttentionParams& p, int32_t head, const TileRows& t) {
+  const int32_t hd = p.head_dim;
+  const int64_t row_stride = static_cast<int64_t>(p.n_heads) * hd;
+  float* out0 =
+      p.out + static_cast<int64_t>(t.first) * row_stride + static_cast<int64_t>(head) * hd;
+  for (int32_t d0 = 0; d0 < hd; d0 += 16) {
+    const __mmask16 dm = static_cast<__mmask16>(hd - d0 >= 16 ? 0xFFFF : (1u << (hd - d0)) - 1);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int x = 0; x < 16; ++x) {
+      r[x] =
+          d0 + x < hd ? _mm512_div_ps(_mm512_load_ps(t.st.o[d0 + x]), t.st.l) : _mm512_setzero_ps();
+    }
+    Transpose16(r);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+      if (i < t.n) _mm512_mask_storeu_ps(out0 + i * row_stride + d0, dm, r[i]);
+    }
+  }
+}
+
+// Rows first .. first + n - 1 (n <= kTileRows) as tiles of 16 consecutive rows walking their
+// chunks in lockstep: span by span, pass 1 of every tile, then pass 2 of every tile, so that the
+// span's K and V come from memory once for all the tiles. The tiles never read each other's state.
+template <bool kFusedBreak>
+void Tiles(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
+  constexpr int32_t kMaxTiles = kTileRows / kTileQueries;
+  const int32_t kvh = head / (p.n_heads / p.n_kv_heads);
+  const int32_t* blocks = p.block_tables[first];
+  const int32_t n_tiles = (n + kTileQueries - 1) / kTileQueries;
+  TileRows tiles[kMaxTiles];
+  int32_t n_chunks = 0;
+  for (int32_t i = 0; i < n_tiles; ++i) {
+    const int32_t f = first + i * kTileQueries;
+    LoadTile(p, f, std::min(kTileQueries, first + n - f), head, &tiles[i]);
+    n_chunks = std::max(n_chunks, tiles[i].n_chunks);
+  }
+  // Addresses of chunk c's K and V rows for this kv head.
+  auto chunk_k = [&](int32_t c, const float** v) {
+    const int32_t base = c * kAttentionChunk;
+    const int32_t block = blocks[base / p.block_size];
+    const int64_t head_block = (static_cast<int64_t>(block) * p.n_kv_heads + kvh) *
+                               static_cast<int64_t>(p.head_dim) * p.block_size;
+    const int32_t offset = base % p.block_size;
+    *v = static_cast<const float*>(p.v_cache) + head_block +
+         static_cast<int64_t>(offset) * p.head_dim;
+    return static_cast<const float*>(p.k_cache) + head_block + offset;
+  };
+  SpanAddr addr;
+  for (int32_t c0 = 0; c0 < n_chunks; c0 += kSpan) {
+    const int32_t span_n = std::min(kSpan, n_chunks - c0);
+    for (int32_t i = 0; i < span_n; ++i) addr.k[i] = chunk_k(c0 + i, &addr.v[i]);
+    const float* unused;
+    addr.k[span_n] = c0 + span_n < n_chunks ? chunk_k(c0 + span_n, &unused) : nullptr;
+    // The last tile (usually the most chunks) runs first and brings the span's K and V in; the
+    // others find them in cache.
+    bool prefetch = true;
+    for (int32_t i = n_tiles - 1; i >= 0; --i) {
+      const int32_t cnt = std::min(span_n, tiles[i].n_chunks - c0);
+      if (cnt <= 0) continue;
+      Pass1(p, addr, c0, cnt, prefetch, &tiles[i]);
+      prefetch = false;
+    }
+    for (int32_t i = 0; i < n_tiles; ++i) {
+      const int32_t cnt = std::min(span_n, tiles[i].n_chunks - c0);
+      if (cnt > 0) Pass2<kFusedBreak>(p.head_dim, cnt, &tiles[i]);
+    }
+  }
+  for (int32_t i = 0; i < n_tiles; ++i) StoreTile(p, head, tiles[i]);
 }
 
 }  // namespace
 
 void AttentionTileAvx512(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
-  const int32_t hd = p.head_dim;
-  const int32_t kvh = head / (p.n_heads / p.n_kv_heads);
-  const int32_t* blocks = p.block_tables[first];
-  alignas(64) float qt[256][16] = {};
-  alignas(64) int32_t pos[16];
-  int32_t max_pos = 0, min_pos = p.positions[first];
-  for (int32_t i = 0; i < 16; ++i) {
-    pos[i] = i < n ? p.positions[first + i] : -1;  // a lane past n is never valid
-    max_pos = std::max(max_pos, pos[i]);
-    if (i < n) min_pos = std::min(min_pos, pos[i]);
-    if (i >= n) continue;
-    const float* q = p.q + (static_cast<int64_t>(first + i) * p.n_heads + head) * hd;
-    for (int32_t d = 0; d < hd; ++d) qt[d][i] = q[d];
-  }
-  const __m512i vpos = _mm512_load_si512(pos);
-  const bool sink = p.sinks != nullptr;
-  TileState st;
-  st.m = _mm512_set1_ps(sink ? p.sinks[head] : 0.0f);
-  st.l = _mm512_set1_ps(1.0f);
-  for (int32_t d = 0; d < hd; ++d) _mm512_store_ps(st.o[d], _mm512_setzero_ps());
+  Tiles<false>(p, first, n, head);
+}
 
-  for (int32_t c = 0; c <= max_pos / kAttentionChunk; ++c) {
-    const int32_t base = c * kAttentionChunk;
-    // Lanes whose query reaches this chunk, and per key j the lanes at or past it.
-    const __mmask16 live = _mm512_cmpge_epi32_mask(vpos, _mm512_set1_epi32(base));
-    __mmask16 valid[16];
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) {
-      valid[j] = _mm512_cmpge_epi32_mask(vpos, _mm512_set1_epi32(base + j));
-    }
-    const int32_t block = blocks[base / p.block_size];
-    const int64_t head_block = (static_cast<int64_t>(block) * p.n_kv_heads + kvh) *
-                               static_cast<int64_t>(hd) * p.block_size;
-    const int32_t offset = base % p.block_size;
-    const float* k = static_cast<const float*>(p.k_cache) + head_block + offset;
-    const float* v =
-        static_cast<const float*>(p.v_cache) + head_block + static_cast<int64_t>(offset) * hd;
-
-    __m512 s[16];
-    TileScores(p, qt, k, valid, s);
-    const __m512 m = Tree(s, MaxKeep16);
-    __m512 e[16];
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j)
-      e[j] = _mm512_maskz_mov_ps(valid[j], Exp16(_mm512_sub_ps(s[j], m)));
-    const __m512 l = Tree(e, Add16);
-
-    // The merge's scalars, lane by lane (MergePartial: m' = std::max(acc.m, m) = acc.m < m ? m :
-    // acc.m; a = Exp(acc.m - m'); b = Exp(m - m'); l' = acc.l * a + l * b).
-    const bool copy = c == 0 && !sink;
-    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-    if (copy) {
-      st.m = _mm512_mask_mov_ps(st.m, live, m);
-      st.l = _mm512_mask_mov_ps(st.l, live, l);
-    } else {
-      const __m512 mn = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(st.m, m, _CMP_LT_OQ), st.m, m);
-      a = Exp16(_mm512_sub_ps(st.m, mn));
-      b = Exp16(_mm512_sub_ps(m, mn));
-      const __m512 ln = _mm512_add_ps(_mm512_mul_ps(st.l, a), _mm512_mul_ps(l, b));
-      st.l = _mm512_mask_mov_ps(st.l, live, ln);
-      st.m = _mm512_mask_mov_ps(st.m, live, mn);
-    }
-    int32_t d0 = 0;
-    if (base + kAttentionChunk - 1 <= min_pos) {  // every key valid in every real lane
-      for (; d0 + 8 <= hd; d0 += 8)
-        TileValues<8, false>(hd, d0, v, e, valid, live, copy, a, b, &st);
-      for (; d0 < hd; ++d0) TileValues<1, false>(hd, d0, v, e, valid, live, copy, a, b, &st);
-    } else {
-      for (; d0 + 8 <= hd; d0 += 8) TileValues<8, true>(hd, d0, v, e, valid, live, copy, a, b, &st);
-      for (; d0 < hd; ++d0) TileValues<1, true>(hd, d0, v, e, valid, live, copy, a, b, &st);
-    }
-  }
-
-  alignas(64) float row[16];
-  for (int32_t d = 0; d < hd; ++d) {
-    _mm512_store_ps(row, _mm512_div_ps(_mm512_load_ps(st.o[d]), st.l));
-    for (int32_t i = 0; i < n; ++i) {
-      p.out[(static_cast<int64_t>(first + i) * p.n_heads + head) * hd + d] = row[i];
-    }
-  }
+void AttentionTileAvx512FusedForTest(const AttentionParams& p, int32_t first, int32_t n,
+                                     int32_t head) {
+  Tiles<true>(p, first, n, head);
 }
 
 }  // namespace bitroll::kernels::internal

@@ -266,13 +266,13 @@ inline ChunkJob JobOf(const AttentionParams& p, Item it, int32_t rel) {
           p.positions[it.token], FirstChunk(p, it.token) + rel, WindowLo(p, it.token)};
 }
 
-// The single-worker kernel for the items (tokens first .. first + n_queries - 1, head `head`):
-// each item walks all its chunks and merges them left to right as they are produced. The items
-// only share the task: their chunks are computed kMaxChunkJobs at a time (the same chunk of
-// several queries, or consecutive chunks of one query), and each partial is merged into its own
-// item's state in chunk order, so every item gets the bits of a one-item, one-chunk-at-a-time
-// walk.
-void RunSingle(Isa isa, const AttentionParams& p, int32_t first, int32_t n_queries, int32_t head) {
+// The single-worker kernel for the items (consecutive tokens of one head and one sequence, or
+// consecutive heads of one token; n_queries <= kGroupQueries): each item walks all its chunks and
+// merges them left to right as they are produced. The items only share the task: their chunks are
+// computed kMaxChunkJobs at a time (the same chunk of several queries, or consecutive chunks of one
+// query), and each partial is merged into its own item's state in chunk order, so every item gets
+// the bits of a one-item, one-chunk-at-a-time walk.
+void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_queries) {
   AttentionPartial acc[kGroupQueries];
   AttentionPartial parts[kMaxChunkJobs];
   ChunkJob jobs[kMaxChunkJobs];
@@ -282,9 +282,9 @@ void RunSingle(Isa isa, const AttentionParams& p, int32_t first, int32_t n_queri
   int32_t max_chunks = 0;
   const bool sink = p.sinks != nullptr;
   for (int32_t i = 0; i < n_queries; ++i) {
-    n_chunks[i] = NumChunks(p, first + i);
+    n_chunks[i] = NumChunks(p, items[i].token);
     max_chunks = std::max(max_chunks, n_chunks[i]);
-    if (sink) SinkPartial(p, head, &acc[i]);
+    if (sink) SinkPartial(p, items[i].head, &acc[i]);
   }
   int32_t n_jobs = 0;
   auto flush = [&] {
@@ -318,7 +318,7 @@ void RunSingle(Isa isa, const AttentionParams& p, int32_t first, int32_t n_queri
   for (int32_t c = 0; c < max_chunks; ++c) {  // the jobs chunk-major, then query by query
     for (int32_t i = 0; i < n_queries; ++i) {
       if (c >= n_chunks[i]) continue;
-      jobs[n_jobs] = JobOf(p, {first + i, head}, c);
+      jobs[n_jobs] = JobOf(p, items[i], c);
       owner[n_jobs] = i;
       rel[n_jobs] = c;
       if (++n_jobs == kMaxChunkJobs) flush();
@@ -326,7 +326,7 @@ void RunSingle(Isa isa, const AttentionParams& p, int32_t first, int32_t n_queri
   }
   if (n_jobs > 0) flush();
   for (int32_t i = 0; i < n_queries; ++i) {
-    FinishPartial(isa, p.head_dim, acc[i], OutOf(p, {first + i, head}));
+    FinishPartial(isa, p.head_dim, acc[i], OutOf(p, items[i]));
   }
 }
 
@@ -379,10 +379,37 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   // that its chunks still spread over the workers).
   std::vector<int32_t>& tasks = s->tasks;
   tasks.clear();
+  // A token alone in its sequence within the call (decode) has no rows to group with: when there
+  // are at least as many such tokens as workers, its heads are grouped instead, {token, -heads,
+  // first head}: runs of up to head_group consecutive heads (the heads cut evenly), none of them
+  // split, whose chunks are computed together (a block's heads are adjacent in the pool).
+  int32_t n_alone = 0;
+  auto alone = [&](int32_t t) {
+    return (t == 0 || p.block_tables[t - 1] != p.block_tables[t]) &&
+           (t + 1 == p.n_tokens || p.block_tables[t + 1] != p.block_tables[t]);
+  };
+  for (int32_t t = 0; t < p.n_tokens; ++t) n_alone += alone(t) ? 1 : 0;
+  const bool head_groups = n_alone >= workers;
+  const int32_t n_head_groups = (p.n_heads + kGroupQueries - 1) / kGroupQueries;
+  const int32_t head_group = (p.n_heads + n_head_groups - 1) / n_head_groups;
+  for (int32_t t = 0; t < p.n_tokens && head_groups; ++t) {
+    if (!alone(t)) continue;
+    const int64_t row = static_cast<int64_t>(t) * p.n_heads;
+    for (int32_t h = 0; h < p.n_heads;) {
+      if (is_split[row + h]) {
+        ++h;
+        continue;
+      }
+      int32_t n = 1;
+      while (n < head_group && h + n < p.n_heads && !is_split[row + h + n]) ++n;
+      tasks.insert(tasks.end(), {t, -n, h});
+      h += n;
+    }
+  }
   for (int32_t h = 0; h < p.n_heads; ++h) {
     int32_t group_first = 0, group_n = 0;
     for (int32_t t = 0; t < p.n_tokens; ++t) {
-      if (is_split[static_cast<int64_t>(t) * p.n_heads + h]) {
+      if (is_split[static_cast<int64_t>(t) * p.n_heads + h] || (head_groups && alone(t))) {
         if (group_n > 0) tasks.insert(tasks.end(), {group_first, group_n, h});
         group_n = 0;
         continue;
@@ -412,11 +439,19 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   auto phase1 = [&](int /*worker*/, int64_t task) {
     const int32_t* t = &tasks[3 * task];
     if (t[0] >= 0) {
+      Item items[kGroupQueries];
+      if (t[1] < 0) {  // heads t[2] .. t[2] - t[1] - 1 of token t[0]
+        for (int32_t i = 0; i < -t[1]; ++i) items[i] = {t[0], t[2] + i};
+        RunSingle(isa, p, items, -t[1]);
+        return;
+      }
       if (tiles && t[1] >= kMinTileQueries) {
         internal::AttentionTileAvx512(p, t[0], t[1], t[2]);
         return;
       }
-      RunSingle(isa, p, t[0], t[1], t[2]);  // <= kGroupQueries rows: no tile, or a short group
+      // <= kGroupQueries rows: no tile, or a short group
+      for (int32_t i = 0; i < t[1]; ++i) items[i] = {t[0] + i, t[2]};
+      RunSingle(isa, p, items, t[1]);
       return;
     }
     const int64_t k = -1 - t[0];

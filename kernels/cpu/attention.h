@@ -24,7 +24,9 @@
 // (consecutive chunks of one query, or one chunk of up to 8 consecutive queries of a sequence:
 // prefill rows share their K/V loads), interleaving the independent fma chains of different
 // partials; each partial's own operations and their order are those above. A single-worker task
-// is such a group of queries of one head; a split task is a run of consecutive chunks of one item.
+// is such a group of queries of one head, or (decode rows, each alone in its sequence, when there
+// are at least as many as workers) a group of up to 8 heads of one row, whose chunks of one block
+// are adjacent in the pool; a split task is a run of consecutive chunks of one item.
 // Prefill tile (AVX-512, fp32 K/V, full attention): up to 16 consecutive rows of one sequence and
 // head run with one query per register lane, so the 16 scores of one key, the max and sum trees,
 // the exponentials, the value chains and the merge are all vertical operations, lane by lane the

@@ -207,6 +207,32 @@ TEST(Attention, PrefillRowsOfOneSequenceGiveTheReferenceBits) {
   }
 }
 
+// Decode-shaped calls (every row its own sequence) with at least as many rows as workers: the
+// single-worker tasks group a row's heads (12 heads: two groups of 6; GQA, so grouped heads share
+// kv heads), and with 5 workers the last row's last 3 heads are split-tail items, so its head run
+// stops before them. fp32 and bf16 caches, every ISA: the reference's bits.
+TEST(Attention, DecodeRowsWithGroupedHeadsGiveTheReferenceBits) {
+  uint32_t seed = 51;
+  for (bool bf16 : {false, true}) {
+    for (const Case& c : {Case{12, 4, 64, 16, {3, 31, 32, 100, 255, 256, 17, 1, 600}},
+                          Case{20, 20, 8, 32, {0, 47, 48, 130, 9}}}) {
+      Fixture f(c, seed++);
+      if (bf16) f.UseBf16Kv();
+      const std::vector<float> ref = f.Reference();
+      for (Isa isa : SupportedIsas()) {
+        for (int threads : {1, 2, 5}) {
+          ThreadPool pool(threads);
+          for (AttentionKernel k : {AttentionKernel::kSingle, AttentionKernel::kAuto}) {
+            EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+                << "isa " << IsaName(isa) << " threads " << threads << " kernel "
+                << AttentionKernelName(k) << " heads " << c.n_heads << " bf16 " << bf16;
+          }
+        }
+      }
+    }
+  }
+}
+
 // A bf16 KV cache: every ISA, kernel and thread count gives the scalar reference's bits, and those
 // are the bits of an fp32 cache holding the same (rounded) values: widening is exact and the order
 // is unchanged. Decode-shaped calls and prefill-shaped ones (rows sharing K/V loads).

@@ -463,7 +463,9 @@ void Coordinator::State::Dispatch() {
       if (!transient) replicas[r].Keep(key, request.size());
     }
     const std::span<const int32_t> forced(w.tokens);  // the current turn's logged tokens
-    TurnInput turn{w.ctx_ids, w.inject, static_cast<int32_t>(w.SampledInContext())};
+    TurnInput turn{w.ctx_ids, w.inject,   static_cast<int32_t>(w.SampledInContext()),
+                   w.ctx_lps, w.ctx_mask, w.ctx_versions,
+                   w.calls,   w.turn};
     const bool later = !w.ctx_ids.empty() || !w.inject.empty();
     batch.Add(key, w.id, {w.group->group_id, w.prompt_index, w.sample_index}, forced,
               wal() != nullptr, later ? &turn : nullptr);

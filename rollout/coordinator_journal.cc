@@ -220,8 +220,8 @@ void Journal::DeliverDurable() {
     held_.pop_front();
     Group* g = table_.Find(d.group_key);
     if (g == nullptr) continue;  // aborted meanwhile
-    // The WAL counts a record's bytes when it commits: set them in the envelope built at finish
-    // (Work -> BuildFinal with wal_bytes_slot), in place rather than encoding it again.
+    // The WAL counts a record's bytes when it commits: set them in the envelope the replica built
+    // (a slot for every Cost field), in place rather than encoding it again.
     const auto wal_bytes = static_cast<int64_t>(wal_->Bytes(d.traj));
     if (!SetTrajectoryWalBytes(d.envelope, wal_bytes)) {
       spdlog::error("coordinator: trajectory {} envelope has no cost.wal_bytes slot", d.traj);

@@ -107,8 +107,8 @@ class Journal {
   void OnToolCallFinished(const Work& w, const ToolOutcome& o, uint32_t index);
   void OnTurnBoundary(const Work& w, const flatbuffers::Vector<int32_t>& ids);
   // Returns true when the trajectory is held until its finish record is durable (the WAL
-  // delivers it, and *envelope, the client Trajectory built with wal_bytes_slot, is moved into
-  // the held list); false: the caller delivers *envelope now.
+  // delivers it, and *envelope, the replica's client Trajectory (a slot for every Cost field), is
+  // moved into the held list); false: the caller delivers *envelope now.
   bool OnTrajectoryFinished(const Work& w, const wire::Trajectory& t, std::string* envelope);
   void OnWorkAborted(const Work& w);
   void OnGroupAborted(Group* g);

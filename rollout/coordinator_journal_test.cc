@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstring>
 #include <filesystem>
 
 namespace bitroll::rollout {
@@ -44,11 +45,14 @@ struct Finished {
   }
 };
 
-// The client envelope the coordinator builds at finish (with a wal_bytes slot).
+// The client envelope a replica builds (a slot for every Cost field).
 std::string Envelope(const wire::Trajectory& t, uint32_t flat) {
   flatbuffers::FlatBufferBuilder fbb(256);
-  BuildClientTrajectory(fbb, t, {42, 0, flat}, Cost{}, "replica", nullptr, nullptr,
-                        /*wal_bytes_slot=*/true);
+  FinalTurn ft;
+  ft.ids = {t.ids()->data(), t.ids()->size()};
+  ft.lps = {t.logprobs()->data(), t.logprobs()->size()};
+  ft.finish = t.finish();
+  BuildClientTrajectory(fbb, ft, TurnPrefix{}, {42, 0, flat}, "replica", nullptr);
   return std::string(BufferView(fbb));
 }
 
@@ -274,6 +278,47 @@ TEST(Journal, SetTrajectoryWalBytesRefusesWhatIsNoTrajectory) {
     EXPECT_FALSE(SetTrajectoryWalBytes(bad, 99)) << bad.size() << " bytes";
     EXPECT_EQ(bad, before);
   }
+}
+
+// The coordinator sets every Cost field of the replica's envelope in place, nothing else; an
+// envelope whose Cost lacks slots (built without them) or that is no Trajectory is refused.
+TEST(Journal, SetTrajectoryCostSetsEveryFieldInPlace) {
+  Finished t({5, 6, 7});
+  const std::string built = Envelope(*t.t, 0);
+  std::string got = built;
+  Cost c;
+  c.prefill_computed = 1;
+  c.prefill_cached = 2;
+  c.decode_tokens = 3;
+  c.engine_seconds = 4.5;
+  c.queue_seconds = 5.5;
+  c.sandbox_seconds = 6.5;
+  c.sandbox_cpu_seconds = 7.5;
+  c.wal_bytes = 8;
+  c.price_usd = 9.5;
+  ASSERT_TRUE(SetTrajectoryCost(got, c));
+  ASSERT_EQ(got.size(), built.size());
+  EXPECT_NE(got, built);  // the control: the fields did change
+  auto env = DecodeEnvelope(got.data(), got.size(), DecodeLimits{});
+  ASSERT_TRUE(env.ok()) << env.status().ToString();
+  const Cost back = CostFromWire((*env)->msg_as_Trajectory()->cost());
+  EXPECT_EQ(std::memcmp(&back, &c, sizeof(Cost)), 0);
+  ASSERT_TRUE(SetTrajectoryCost(got, Cost{}));
+  EXPECT_EQ(got, built);  // only the Cost's scalars were touched
+  std::string plain;      // a Cost without slots for its zeros
+  {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    auto cost = CostToWire(fbb, Cost{});
+    wire::TrajectoryBuilder b(fbb);
+    b.add_cost(cost);
+    FinishEnvelope(fbb, 0, wire::Message_Trajectory, b.Finish().Union());
+    plain.assign(BufferView(fbb));
+  }
+  const std::string before = plain;
+  EXPECT_FALSE(SetTrajectoryCost(plain, c));
+  EXPECT_EQ(plain, before);
+  std::string other = Request(7, 2);
+  EXPECT_FALSE(SetTrajectoryCost(other, c));
 }
 
 TEST(Journal, APathUpdateIsLiveAgainAfterARestart) {

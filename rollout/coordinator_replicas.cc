@@ -168,20 +168,6 @@ void Coordinator::State::OnRefused(int r, const wire::ReplicaRefused* m) {
   if (++rep.refusals > kMaxReplicaRefusals) ReplicaDead(r, "refused work too often");
 }
 
-void Coordinator::State::BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w,
-                                    const wire::Trajectory& t, const Cost& cost,
-                                    std::string_view replica, bool wal_bytes_slot) {
-  TurnPrefix p;
-  p.ids = w.ctx_ids;
-  p.lps = w.ctx_lps;
-  p.mask = w.ctx_mask;
-  p.versions = w.ctx_versions;
-  p.turns = w.turn;
-  p.calls = w.calls;
-  BuildClientTrajectory(fbb, t, {w.group->group_id, w.prompt_index, w.sample_index}, cost, replica,
-                        w.group->submit->client_tag(), &p, wal_bytes_slot);
-}
-
 void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
   const auto now = Clock::now();
   if (const auto* chunks = res->chunks()) {
@@ -204,6 +190,14 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
   }
   const auto* trajs = res->trajectories();
   if (trajs == nullptr) return;
+  // The client envelopes the replica built for the trajectories that end here (replica protocol
+  // 4), by work id: forwarded as they are, only their Cost set in place.
+  std::unordered_map<uint64_t, const flatbuffers::Vector<uint8_t>*> built;
+  if (const auto* fin = res->finished()) {
+    for (const wire::FinishedTrajectory* f : *fin) {
+      if (f->envelope()) built[f->work_id()] = f->envelope();
+    }
+  }
   for (const wire::Trajectory* t : *trajs) {
     Work* found = table.FindWork(t->work_id());
     if (found == nullptr || found->replica != r) continue;  // aborted or re-dispatched
@@ -232,14 +226,21 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     total_computed += turn_cost.prefill_computed;
     rate.Add(turn_cost.decode_tokens, now);
     replicas[r].rate.Add(turn_cost.decode_tokens, now);
-    const size_t bytes = 256 + ((t->ids() ? t->ids()->size() : 0) + w.ctx_ids.size()) * 9;
-    // Encoded once, here: with a WAL the same bytes are held until the finish record is durable
-    // (Journal::DeliverDurable), which only sets their cost.wal_bytes in place.
+    // Encoded once, by the replica: these bytes get their Cost set in place, and with a WAL they
+    // are held until the finish record is durable (Journal::DeliverDurable), which only sets
+    // their cost.wal_bytes in place.
     std::string envelope;
-    {
-      flatbuffers::FlatBufferBuilder fbb(bytes);
-      BuildFinal(fbb, w, *t, cost, replicas[r].name, /*wal_bytes_slot=*/journal->on());
-      envelope.assign(BufferView(fbb));
+    if (auto it = built.find(w.id); it != built.end()) {
+      envelope.assign(reinterpret_cast<const char*>(it->second->data()), it->second->size());
+    }
+    if (!SetTrajectoryCost(envelope, cost)) {  // none, or not a Trajectory: the replica's fault
+      spdlog::error("coordinator: replica {} sent no client trajectory for work {}",
+                    replicas[r].name, w.id);
+      const std::string tag =
+          g->submit->client_tag() ? g->submit->client_tag()->str() : std::string();
+      envelope =
+          BuildErrorTrajectory({g->group_id, w.prompt_index, w.sample_index},
+                               Status::Protocol("the replica sent no client trajectory"), tag);
     }
     if (journal->OnTrajectoryFinished(w, *t, &envelope)) continue;
     GroupTable::CountDelivered(g, failed, 0);

@@ -241,12 +241,6 @@ struct Coordinator::State {
   // Sends a ReplicaWork holding only forget keys to each live replica that has some pending.
   void SendForgets();
 
-  // The client Trajectory of a finished work item: its earlier turns, then t's tokens. The one
-  // encode of a finished trajectory: the log keeps tokens, not this envelope, and a held one
-  // only gets its cost.wal_bytes set in place (wal_bytes_slot, SetTrajectoryWalBytes).
-  void BuildFinal(flatbuffers::FlatBufferBuilder& fbb, const Work& w, const wire::Trajectory& t,
-                  const Cost& cost, std::string_view replica, bool wal_bytes_slot);
-
   // ---- WAL (rollout/wal_log.h; what is logged when: the Journal) ----
 
   // The Journal's report of the WAL's sticky error (once): to every attached client with live

@@ -120,52 +120,72 @@ struct ItemAt {
   uint32_t prompt_index, sample_index;
 };
 
+// The fake's answer to one item: two tokens, finish Length. The trajectory ends there, so the
+// client's envelope goes along, built as a replica builds it (replica protocol 4); its bytes are
+// returned.
+std::string AddFinalTurn(flatbuffers::FlatBufferBuilder& fbb, uint64_t work_id,
+                         const SampleAddress& at,
+                         std::vector<flatbuffers::Offset<wire::Trajectory>>* ts,
+                         std::vector<flatbuffers::Offset<wire::FinishedTrajectory>>* fin,
+                         const std::string* client_tag = nullptr) {
+  static const std::vector<int32_t> ids{1, 2};
+  static const std::vector<float> lps{-0.5f, -0.25f};
+  FinalTurn ft;
+  ft.ids = ids;
+  ft.lps = lps;
+  ft.finish = wire::FinishReason_Length;
+  ft.cost.decode_tokens = 2;
+  ft.cost.engine_seconds = 0.5;
+  flatbuffers::FlatBufferBuilder efbb(256);
+  BuildClientTrajectory(efbb, ft, TurnPrefix{}, at, "fake", client_tag);
+  std::string envelope(BufferView(efbb));
+  fin->push_back(CreateFinished(fbb, work_id, envelope));
+  auto i = fbb.CreateVector(ids);
+  auto l = fbb.CreateVector(lps);
+  auto c = CostToWire(fbb, ft.cost);
+  wire::TrajectoryBuilder b(fbb);
+  b.add_group_id(at.group_id);
+  b.add_prompt_index(at.prompt_index);
+  b.add_sample_index(at.sample_index);
+  b.add_ids(i);
+  b.add_logprobs(l);
+  b.add_finish(wire::FinishReason_Length);
+  b.add_work_id(work_id);
+  b.add_cost(c);
+  ts->push_back(b.Finish());
+  return envelope;
+}
+
+void SendResults(zmq::socket_t& fake, flatbuffers::FlatBufferBuilder& fbb,
+                 const std::vector<flatbuffers::Offset<wire::Trajectory>>& ts,
+                 const std::vector<flatbuffers::Offset<wire::FinishedTrajectory>>& fin) {
+  auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(ts), 0, 0, fbb.CreateVector(fin));
+  FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
+  fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+}
+
 // The fake runs `items`: two tokens each, finish Length.
 void AnswerItems(zmq::socket_t& fake, const std::vector<ItemAt>& items) {
   flatbuffers::FlatBufferBuilder fbb;
   std::vector<flatbuffers::Offset<wire::Trajectory>> ts;
+  std::vector<flatbuffers::Offset<wire::FinishedTrajectory>> fin;
   for (const ItemAt& item : items) {
-    const std::vector<int32_t> ids{1, 2};
-    const std::vector<float> lps{-0.5f, -0.25f};
-    auto i = fbb.CreateVector(ids);
-    auto l = fbb.CreateVector(lps);
-    wire::TrajectoryBuilder b(fbb);
-    b.add_group_id(item.group_id);
-    b.add_prompt_index(item.prompt_index);
-    b.add_sample_index(item.sample_index);
-    b.add_ids(i);
-    b.add_logprobs(l);
-    b.add_finish(wire::FinishReason_Length);
-    b.add_work_id(item.work_id);
-    ts.push_back(b.Finish());
+    AddFinalTurn(fbb, item.work_id, {item.group_id, item.prompt_index, item.sample_index}, &ts,
+                 &fin);
   }
-  auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(ts));
-  FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
-  fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+  SendResults(fake, fbb, ts, fin);
 }
 
 // The fake runs every item of `w`: two tokens each, finish Length.
 void AnswerAll(zmq::socket_t& fake, const ReceivedWork& w) {
   flatbuffers::FlatBufferBuilder fbb;
   std::vector<flatbuffers::Offset<wire::Trajectory>> ts;
+  std::vector<flatbuffers::Offset<wire::FinishedTrajectory>> fin;
   for (const wire::WorkItem* item : *w.work->items()) {
-    const std::vector<int32_t> ids{1, 2};
-    const std::vector<float> lps{-0.5f, -0.25f};
-    auto i = fbb.CreateVector(ids);
-    auto l = fbb.CreateVector(lps);
-    wire::TrajectoryBuilder b(fbb);
-    b.add_group_id(item->group_id());
-    b.add_prompt_index(item->prompt_index());
-    b.add_sample_index(item->sample_index());
-    b.add_ids(i);
-    b.add_logprobs(l);
-    b.add_finish(wire::FinishReason_Length);
-    b.add_work_id(item->work_id());
-    ts.push_back(b.Finish());
+    AddFinalTurn(fbb, item->work_id(),
+                 {item->group_id(), item->prompt_index(), item->sample_index()}, &ts, &fin);
   }
-  auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(ts));
-  FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
-  fake.send(zmq::buffer(fbb.GetBufferPointer(), fbb.GetSize()));
+  SendResults(fake, fbb, ts, fin);
 }
 
 // The client's trajectories of group `gid` until its GroupDone.
@@ -1030,6 +1050,69 @@ TEST(CoordinatorTest, RefusedItemsGoAgainWithTheirRequestAndComplete) {
   EXPECT_EQ(done.trajectories, 24u);
   EXPECT_EQ(done.errors, 0u);
   for (const auto& t : got) EXPECT_EQ(t.finish, FinishReason::kLength);
+}
+
+// Encoded once (replica protocol 4): the bytes a client receives are the bytes the replica built,
+// but for the Cost fields the coordinator sets in place (queue time, price, ...). Setting them
+// back to the replica's values gives the replica's bytes again, memcmp-equal.
+TEST(CoordinatorTest, ClientGetsTheReplicasBytesWithOnlyTheCostSet) {
+  CoordinatorOptions o;
+  o.replica_bind = "tcp://127.0.0.1:*";
+  o.submit.vocab_size = 512;
+  o.price.replica_hour_usd = 3.6;
+  Server s = StartServer(0, o);
+  zmq::context_t ctx(1);
+  zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "fake");
+  std::this_thread::sleep_for(50ms);
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.set(zmq::sockopt::rcvtimeo, kTimeoutMs);
+  raw.connect(s.endpoint);
+  SubmitRequest q = TestGroup(3);
+  q.client_tag = "tagged";
+  const std::string submit = EncodeSubmit(q, 1, "raw-owner");
+  raw.send(zmq::buffer(submit));
+  ReceivedWork w;
+  ASSERT_TRUE(NextWork(fake, &w));
+  std::map<std::pair<uint32_t, uint32_t>, std::string> built;  // (prompt, sample) -> bytes
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    std::vector<flatbuffers::Offset<wire::Trajectory>> ts;
+    std::vector<flatbuffers::Offset<wire::FinishedTrajectory>> fin;
+    for (const wire::WorkItem* item : *w.work->items()) {
+      built[{item->prompt_index(), item->sample_index()}] = AddFinalTurn(
+          fbb, item->work_id(), {item->group_id(), item->prompt_index(), item->sample_index()}, &ts,
+          &fin, &q.client_tag);
+    }
+    SendResults(fake, fbb, ts, fin);
+  }
+  Cost replica_cost;
+  replica_cost.decode_tokens = 2;
+  replica_cost.engine_seconds = 0.5;
+  size_t compared = 0, cost_changed = 0;
+  std::vector<uint64_t> aligned;
+  while (compared < built.size()) {
+    zmq::message_t msg;
+    ASSERT_TRUE(raw.recv(msg));
+    auto env = DecodeEnvelope(AlignForRead(msg.data(), msg.size(), &aligned), msg.size(), {});
+    ASSERT_TRUE(env.ok());
+    if ((*env)->msg_type() != wire::Message_Trajectory) continue;
+    const wire::Trajectory* t = (*env)->msg_as_Trajectory();
+    ASSERT_EQ(t->client_tag()->str(), "tagged");
+    const std::string& want = built.at({t->prompt_index(), t->sample_index()});
+    std::string got(static_cast<const char*>(msg.data()), msg.size());
+    ASSERT_EQ(got.size(), want.size());
+    if (std::memcmp(got.data(), want.data(), got.size()) != 0) ++cost_changed;
+    std::string bad = got;  // negative control: one byte outside the Cost differs
+    bad[bad.size() - 1] ^= 0x5a;
+    ASSERT_TRUE(SetTrajectoryCost(got, replica_cost));
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0);
+    (void)SetTrajectoryCost(bad, replica_cost);
+    EXPECT_NE(std::memcmp(bad.data(), want.data(), bad.size()), 0);
+    ++compared;
+  }
+  // The coordinator did set its fields (the price at least): the comparison can fail.
+  EXPECT_EQ(cost_changed, built.size());
 }
 
 // The replica side: an item naming a request it does not hold is sent back with a kProtocol

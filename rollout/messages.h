@@ -24,31 +24,53 @@ struct SampleAddress {
   uint32_t sample_index = 0;
 };
 
-// The tool loop's earlier turns of a trajectory, put before the last turn's tokens.
+// The earlier turns of a trajectory (tool loop; empty on a first turn), put before the last
+// turn's tokens: the WorkItem's context (ids, logprobs, mask, versions, tool calls, turn number)
+// and the ids the replica injected (the formatted tool result) before the last turn.
 struct TurnPrefix {
   std::span<const int32_t> ids;                 // sampled and injected tokens of the earlier turns
   std::span<const float> lps;                   // 0.0 for injected tokens
   std::span<const uint8_t> mask;                // 1 sampled, 0 injected
   std::span<const wire::VersionSpan> versions;  // begin = trajectory index
+  std::span<const int32_t> injected;            // after ids: logprob 0.0, mask 0
   int32_t turns = 1;
-  std::span<const ToolOutcome> calls;
+  const flatbuffers::Vector<flatbuffers::Offset<wire::ToolCallInfo>>* calls = nullptr;
 };
 
-// A Trajectory envelope for the client: the replica's ids, logprobs (bit-exact copies), finish,
-// turns, versions, fingerprint and error, with the client's address, `cost` (queue time and price
-// filled in by the coordinator), the replica's name and the client tag (may be null). `prefix`
-// (tool loop): the earlier turns go first, and turns / tool_calls come from it; without one,
-// t's mask and tool_calls are copied (a mask of ones when t has none). `wal_bytes_slot`: the Cost
-// table stores every field, zeros included, so that SetTrajectoryWalBytes can fill in wal_bytes
-// later without encoding the trajectory again (the WAL counts a record's bytes at commit).
-void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const wire::Trajectory& t,
-                           const SampleAddress& at, const Cost& cost, std::string_view replica,
-                           const flatbuffers::String* client_tag,
-                           const TurnPrefix* prefix = nullptr, bool wal_bytes_slot = false);
+// The last turn of a trajectory as its replica finished it.
+struct FinalTurn {
+  std::span<const int32_t> ids;  // the turn's sampled tokens
+  std::span<const float> lps;    // bit-exact, one per id
+  wire::FinishReason finish = wire::FinishReason_None;
+  std::span<const wire::VersionSpan> versions;  // begin = trajectory index
+  const NumericsFingerprint* fingerprint = nullptr;
+  const RoutingRecord* routing = nullptr;  // covers the whole trajectory; null: none
+  Status error;                            // set when finish == Error
+  Cost cost;                               // what the replica knows (the engine's fields)
+};
 
-// Sets cost.wal_bytes of a Trajectory envelope built with wal_bytes_slot, in place. False (and
-// nothing changed) when `envelope` is no Trajectory or its Cost has no wal_bytes slot.
+// The client's Trajectory envelope, built once by the replica (replica protocol 4): the prefix's
+// turns then t's tokens (mask 1), the client's address, the replica's name and the client tag
+// (may be null). The Cost table stores every field, zeros included, so that the coordinator sets
+// the fields it knows (queue time, sandbox time, price, WAL bytes) in place with
+// SetTrajectoryCost instead of encoding the trajectory again.
+void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const FinalTurn& t,
+                           const TurnPrefix& prefix, const SampleAddress& at,
+                           std::string_view replica, const std::string* client_tag);
+
+// Sets every field of the Cost of a Trajectory envelope built by BuildClientTrajectory, in
+// place. False (and nothing changed) when `envelope` is no Trajectory or its Cost lacks a slot.
+bool SetTrajectoryCost(std::string& envelope, const Cost& cost);
+
+// Sets cost.wal_bytes alone, in place (the WAL counts a record's bytes at commit). False as for
+// SetTrajectoryCost.
 bool SetTrajectoryWalBytes(std::string& envelope, int64_t wal_bytes);
+
+// A ReplicaResults entry carrying `envelope` (a finished Trajectory Envelope) for `work_id`,
+// copied as bytes.
+flatbuffers::Offset<wire::FinishedTrajectory> CreateFinished(flatbuffers::FlatBufferBuilder& fbb,
+                                                             uint64_t work_id,
+                                                             std::string_view envelope);
 
 // A TokenChunk envelope for the client: the replica's chunk with the client's address; its
 // position_begin (a trajectory index on both sides) and injected_ids are copied.
@@ -64,10 +86,17 @@ struct TurnInput {
   std::span<const int32_t> context;  // every token of the earlier turns
   std::string_view inject;           // formatted tool result to encode and append
   int32_t sampled_before = 0;        // tokens sampled in the earlier turns (they use the budget)
+  // What the replica needs to build the whole trajectory (replica protocol 4): per context token
+  // its logprob and mask, the earlier turns' version spans, tool calls and this turn's number.
+  std::span<const float> lps;
+  std::span<const uint8_t> mask;
+  std::span<const wire::VersionSpan> versions;
+  std::span<const ToolOutcome> calls;
+  int32_t turn = 1;
 };
 
-// One ReplicaWork message on its way to a replica (replica protocol 3). A group's request goes
-// in, when the replica does not hold it, as the bytes of its SubmitRollouts envelope that the
+// One ReplicaWork message on its way to a replica (replica protocol 3 and 4). A group's request
+// goes in, when the replica does not hold it, as the bytes of its SubmitRollouts envelope that the
 // coordinator keeps (never parsed or re-encoded here), under the group's key; every item names
 // its request by key. Forgotten keys ride along (ReplicaWork.forget).
 class ReplicaWorkBuilder {

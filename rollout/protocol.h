@@ -37,7 +37,11 @@ inline constexpr uint32_t kProtocolVersion = 1;
 //   3: a replica keeps each request it is sent for the life of its connection; items name it by
 //     key (WorkItem.request_key), the coordinator sends it once per replica and says when to drop
 //     it (ReplicaWork.forget); an item naming an unknown key is sent back (ReplicaRefused).
-inline constexpr uint32_t kReplicaProtocolVersion = 3;
+//   4: the replica encodes the client's Trajectory envelope of every trajectory that ends with a
+//     turn (ReplicaResults.finished, nested bytes, a slot for every Cost field); the coordinator
+//     forwards those bytes, setting only the Cost fields in place. A later turn's WorkItem carries
+//     the earlier turns' logprobs, mask, version spans, tool calls and the turn number for it.
+inline constexpr uint32_t kReplicaProtocolVersion = 4;
 
 // What a coordinator may make one replica keep (replica protocol 3): at most this many requests
 // of at most this many bytes in all. The replica keeps no more (rollout/request_store.h); the

@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/model_loader.h"
+#include "rollout/messages.h"
 #include "rollout/metrics.h"
 #include "rollout/protocol.h"
 #include "rollout/replica_weights.h"
@@ -52,6 +53,16 @@ struct ItemMeta {
   DetectEvent event = DetectEvent::kNone;
   int64_t cut = 0;  // generated tokens (forced included) up to and including the event's token
   std::vector<int32_t> injected;  // encoded WorkItem.inject_text
+  // The client's trajectory, built here when the turn is the last (replica protocol 4): the
+  // request's tag and limits, and the earlier turns (WorkItem context_*; the tool calls kept as a
+  // Trajectory buffer holding only tool_calls).
+  std::optional<std::string> client_tag;
+  int32_t turn = 1, max_turns = 1, max_tokens = 0, sampled_before = 0;
+  std::vector<int32_t> ctx_ids;
+  std::vector<float> ctx_lps;
+  std::vector<uint8_t> ctx_mask;
+  std::vector<wire::VersionSpan> ctx_versions;
+  std::string calls;
 };
 
 // Timed-out loads of one replica whose threads still run: with this many, a new path update is
@@ -392,6 +403,7 @@ class ReplicaLoop {
     meta.prompt_index = w.prompt_index();
     meta.sample_index = w.sample_index();
     meta.stream = w.stream_tokens() || (m != nullptr && m->stream_tokens());
+    KeepContext(w, m, &meta);
     Status s = found.status();  // the item's trajectory ends with it when not OK
     const wire::Prompt* p = m != nullptr ? m->prompts()->Get(w.prompt_index()) : nullptr;
     if (p != nullptr && p->ids() != nullptr) {
@@ -449,12 +461,43 @@ class ReplicaLoop {
     meta_[w.work_id()] = std::move(meta);
   }
 
+  // What BuildTrajectory needs besides the engine's output: the request's tag and limits, the
+  // earlier turns.
+  static void KeepContext(const wire::WorkItem& w, const wire::SubmitRollouts* m, ItemMeta* meta) {
+    if (m != nullptr) {
+      if (m->client_tag()) meta->client_tag = m->client_tag()->str();
+      meta->max_turns = m->max_turns();
+      meta->max_tokens = m->max_tokens();
+    }
+    meta->turn = w.turn();
+    meta->sampled_before = w.sampled_before();
+    if (w.context_ids()) meta->ctx_ids.assign(w.context_ids()->begin(), w.context_ids()->end());
+    if (w.context_logprobs()) {
+      meta->ctx_lps.assign(w.context_logprobs()->begin(), w.context_logprobs()->end());
+    }
+    if (w.context_mask()) meta->ctx_mask.assign(w.context_mask()->begin(), w.context_mask()->end());
+    if (w.context_versions()) {
+      for (const wire::VersionSpan* v : *w.context_versions()) meta->ctx_versions.push_back(*v);
+    }
+    if (w.tool_calls() && w.tool_calls()->size() > 0) {
+      flatbuffers::FlatBufferBuilder fbb(256);
+      std::vector<flatbuffers::Offset<wire::ToolCallInfo>> cv;
+      for (const wire::ToolCallInfo* c : *w.tool_calls()) cv.push_back(CopyToolCallInfo(fbb, *c));
+      auto calls = fbb.CreateVector(cv);
+      wire::TrajectoryBuilder b(fbb);
+      b.add_tool_calls(calls);
+      fbb.Finish(b.Finish());
+      meta->calls.assign(BufferView(fbb));
+    }
+  }
+
   // A trajectory that never reached the engine.
   void SendAlone(const engine::SequenceOutput& out, const ItemMeta& meta) {
     {
       flatbuffers::FlatBufferBuilder fbb(256);
-      std::vector<flatbuffers::Offset<wire::Trajectory>> t{BuildTrajectory(fbb, out, meta)};
-      auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(t), 0, 0);
+      std::vector<flatbuffers::Offset<wire::FinishedTrajectory>> fin;
+      std::vector<flatbuffers::Offset<wire::Trajectory>> t{BuildTrajectory(fbb, out, meta, &fin)};
+      auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(t), 0, 0, fbb.CreateVector(fin));
       FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
       Send(fbb);
     }
@@ -513,9 +556,11 @@ class ReplicaLoop {
     return Status::Unsupported("this replica has no tokenizer for text prompts");
   }
 
-  flatbuffers::Offset<wire::Trajectory> BuildTrajectory(flatbuffers::FlatBufferBuilder& fbb,
-                                                        const engine::SequenceOutput& out,
-                                                        const ItemMeta& m) {
+  // The turn's Trajectory for the coordinator (its tool loop and log), and when the trajectory
+  // ends with this turn the client's envelope, built once here, appended to *finished.
+  flatbuffers::Offset<wire::Trajectory> BuildTrajectory(
+      flatbuffers::FlatBufferBuilder& fbb, const engine::SequenceOutput& out, const ItemMeta& m,
+      std::vector<flatbuffers::Offset<wire::FinishedTrajectory>>* finished) {
     // The engine's spans begin at offsets in this turn's tokens; the wire's at trajectory indexes.
     std::vector<wire::VersionSpan> spans;
     spans.reserve(out.versions.size());
@@ -542,18 +587,47 @@ class ReplicaLoop {
         finish = wire::FinishReason_Stop;
       }
     }
-    auto ids = fbb.CreateVector(toks.data(), toks.size());
-    auto lps = fbb.CreateVector(lpv.data(), lpv.size());
+    std::optional<RoutingRecord> route;
     flatbuffers::Offset<wire::Routing> routing;
     if (!out.routing.empty()) {
       // A turn cut at a tool call or stop string keeps the routes of the positions it keeps.
-      RoutingRecord r = out.routing;
+      RoutingRecord& r = route.emplace(out.routing);
       const int64_t drop = static_cast<int64_t>(out.tokens.size() - toks.size());
       const size_t keep = static_cast<size_t>(std::max<int64_t>(0, r.positions() - drop));
       r.expert_ids.resize(keep * r.n_layers * r.k);
       r.weights.resize(keep * r.n_layers * r.k);
-      routing = RoutingToWire(fbb, r);
     }
+    // The coordinator runs a tool call when the request allows another turn (its ContinueToolLoop
+    // checks the same); any other turn ends the trajectory.
+    const bool last = finish != wire::FinishReason_ToolCall || m.turn >= m.max_turns ||
+                      m.sampled_before + static_cast<int64_t>(toks.size()) >= m.max_tokens;
+    if (last) {
+      flatbuffers::FlatBufferBuilder efbb(512 + (m.ctx_ids.size() + toks.size()) * 9);
+      FinalTurn ft;
+      ft.ids = toks;
+      ft.lps = lpv;
+      ft.finish = finish;
+      ft.versions = spans;
+      ft.fingerprint = &engine_.info().fingerprint;
+      ft.routing = route ? &*route : nullptr;
+      ft.error = out.error;
+      ft.cost = c;
+      TurnPrefix p;
+      p.ids = m.ctx_ids;
+      p.lps = m.ctx_lps;
+      p.mask = m.ctx_mask;
+      p.versions = m.ctx_versions;
+      p.injected = m.injected;
+      p.turns = m.turn;
+      if (!m.calls.empty())
+        p.calls = flatbuffers::GetRoot<wire::Trajectory>(m.calls.data())->tool_calls();
+      BuildClientTrajectory(efbb, ft, p, {m.group_id, m.prompt_index, m.sample_index},
+                            options_.name, m.client_tag ? &*m.client_tag : nullptr);
+      finished->push_back(CreateFinished(fbb, out.id, BufferView(efbb)));
+    }
+    auto ids = fbb.CreateVector(toks.data(), toks.size());
+    auto lps = fbb.CreateVector(lpv.data(), lpv.size());
+    if (route) routing = RoutingToWire(fbb, *route);
     auto vs = fbb.CreateVectorOfStructs(spans);
     flatbuffers::Offset<flatbuffers::Vector<int32_t>> inj;
     if (!m.injected.empty()) inj = fbb.CreateVector(m.injected);
@@ -631,18 +705,19 @@ class ReplicaLoop {
       }
     }
     std::vector<flatbuffers::Offset<wire::Trajectory>> trajs;
+    std::vector<flatbuffers::Offset<wire::FinishedTrajectory>> fin;
     trajs.reserve(r.finished.size());
     for (const engine::SequenceOutput& out : r.finished) {
       auto it = meta_.find(out.id);
       if (it == meta_.end()) continue;
-      trajs.push_back(BuildTrajectory(fbb, out, it->second));
+      trajs.push_back(BuildTrajectory(fbb, out, it->second, &fin));
       if (it->second.stream) --streaming_;
       if (it->second.detector) --detecting_;
       meta_.erase(it);
     }
     if (trajs.empty() && chunks.empty()) return Status::Ok();
     auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(trajs), fbb.CreateVector(chunks),
-                                          tokens_processed_);
+                                          tokens_processed_, fbb.CreateVector(fin));
     tokens_processed_ = 0;
     FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
     Send(fbb);

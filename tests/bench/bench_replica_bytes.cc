@@ -5,10 +5,10 @@
 //                       [--capacity 16] [--reps 5]
 //
 // One replica of `capacity` samples (a fake one: it answers each ReplicaWork at once with
-// two-token trajectories and counts what it got), one group of `prompts` prompts of random
-// lengths in [min-tokens, max-tokens-prompt] x `n` samples per rep, so its samples go out a few
-// at a time. Prints, per rep and as medians: ReplicaWork messages, bytes received, the requests
-// they carried and their bytes, and the group's wall time.
+// two-token trajectories, each with its client envelope, and counts what it got), one group of
+// `prompts` prompts of random lengths in [min-tokens, max-tokens-prompt] x `n` samples per rep, so
+// its samples go out a few at a time. Prints, per rep and as medians: ReplicaWork messages, bytes
+// received, the requests they carried and their bytes, and the group's wall time.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -23,6 +23,7 @@
 
 #include "rollout/client.h"
 #include "rollout/coordinator.h"
+#include "rollout/messages.h"
 #include "rollout/null_engine.h"
 #include "tests/bench/bench_flags.h"
 
@@ -82,9 +83,19 @@ void FakeReplica(zmq::context_t& ctx, const std::string& endpoint, uint32_t capa
       c->items += w->items()->size();
       flatbuffers::FlatBufferBuilder fbb;
       std::vector<flatbuffers::Offset<wire::Trajectory>> ts;
+      std::vector<flatbuffers::Offset<wire::FinishedTrajectory>> fin;
       const int32_t ids[2] = {1, 2};
       const float lps[2] = {-0.5f, -0.25f};
       for (const wire::WorkItem* it : *w->items()) {
+        FinalTurn ft;  // the client's envelope, as a replica builds it (replica protocol 4)
+        ft.ids = ids;
+        ft.lps = lps;
+        ft.finish = wire::FinishReason_Length;
+        flatbuffers::FlatBufferBuilder efbb(256);
+        BuildClientTrajectory(efbb, ft, TurnPrefix{},
+                              {it->group_id(), it->prompt_index(), it->sample_index()}, "fake",
+                              nullptr);
+        fin.push_back(CreateFinished(fbb, it->work_id(), BufferView(efbb)));
         auto i = fbb.CreateVector(ids, 2);
         auto l = fbb.CreateVector(lps, 2);
         wire::TrajectoryBuilder b(fbb);
@@ -97,7 +108,7 @@ void FakeReplica(zmq::context_t& ctx, const std::string& endpoint, uint32_t capa
         b.add_work_id(it->work_id());
         ts.push_back(b.Finish());
       }
-      auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(ts));
+      auto res = wire::CreateReplicaResults(fbb, fbb.CreateVector(ts), 0, 0, fbb.CreateVector(fin));
       FinishEnvelope(fbb, 0, wire::Message_ReplicaResults, res.Union());
       send(fbb);
     }

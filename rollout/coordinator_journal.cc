@@ -162,31 +162,35 @@ void Journal::OnTurnBoundary(const Work& w, const flatbuffers::Vector<int32_t>& 
   Check(wal_->LogTurnBoundary(w.id, b));
 }
 
-bool Journal::OnTrajectoryFinished(const Work& w, const wire::Trajectory& t,
-                                   std::string* envelope) {
+bool Journal::OnTrajectoryFinished(const Work& w, std::string* envelope) {
   if (!wal_) return false;
   // Delivered by DeliverDurable() once the finish record is durable.
-  LogFinish(w, t, std::move(*envelope));
+  LogFinish(w, std::move(*envelope));
   return true;
 }
 
-void Journal::LogFinish(const Work& w, const wire::Trajectory& t, std::string envelope) {
+void Journal::LogFinish(const Work& w, std::string envelope) {
+  // The client's trajectory: every token after the prompt, the last turn's after the context.
+  const wire::Trajectory* t = wire::GetEnvelope(envelope.data())->msg_as_Trajectory();
+  const size_t base = w.ctx_ids.size() + w.tokens.size();
   // Tokens the replica did not stream (none when it streams every one) are logged first.
-  if (t.ids() && t.logprobs() && t.ids()->size() == t.logprobs()->size() &&
-      t.ids()->size() > w.tokens.size()) {
-    const size_t k = w.tokens.size(), m = t.ids()->size() - k;
-    Check(wal_->LogTokens(w.id, {t.ids()->data() + k, m}, {t.logprobs()->data() + k, m},
+  if (t != nullptr && t->ids() && t->logprobs() && t->ids()->size() == t->logprobs()->size() &&
+      t->ids()->size() > base) {
+    const size_t m = t->ids()->size() - base;
+    Check(wal_->LogTokens(w.id, {t->ids()->data() + base, m}, {t->logprobs()->data() + base, m},
                           weights_.version()));
   }
-  const std::string err = t.error() && t.error()->message() ? t.error()->message()->str() : "";
-  Result<RoutingRecord> routing = RoutingFromWire(t.routing());  // kept for recovery
-  Check(wal_->LogFinish(w.id, t.finish(), err, routing.ok() ? &*routing : nullptr));
+  const wire::FinishReason finish = t != nullptr ? t->finish() : wire::FinishReason_Error;
+  const std::string err =
+      t != nullptr && t->error() && t->error()->message() ? t->error()->message()->str() : "";
+  Result<RoutingRecord> routing = RoutingFromWire(t != nullptr ? t->routing() : nullptr);
+  Check(wal_->LogFinish(w.id, finish, err, routing.ok() ? &*routing : nullptr));
   HeldDelivery d;
   d.traj = w.id;
   d.group_key = w.group->key;
   d.flat = WalFlatOf(w.id);
   d.envelope = std::move(envelope);
-  d.failed = t.finish() == wire::FinishReason_Error;
+  d.failed = finish == wire::FinishReason_Error;
   d.lsn = wal_->LastLsn();
   held_.push_back(std::move(d));
 }

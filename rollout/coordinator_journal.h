@@ -109,7 +109,9 @@ class Journal {
   // Returns true when the trajectory is held until its finish record is durable (the WAL
   // delivers it, and *envelope, the replica's client Trajectory (a slot for every Cost field), is
   // moved into the held list); false: the caller delivers *envelope now.
-  bool OnTrajectoryFinished(const Work& w, const wire::Trajectory& t, std::string* envelope);
+  // The turn's tokens, finish, error and routing are read from *envelope (a Trajectory envelope,
+  // verified or built by the service): its ids after w's context are the last turn's.
+  bool OnTrajectoryFinished(const Work& w, std::string* envelope);
   void OnWorkAborted(const Work& w);
   void OnGroupAborted(Group* g);
 
@@ -142,7 +144,7 @@ class Journal {
   };
 
   void Check(const Status& s);
-  void LogFinish(const Work& w, const wire::Trajectory& t, std::string envelope);
+  void LogFinish(const Work& w, std::string envelope);
   void EnforceRetention(Clock::time_point now);
 
   Options options_;

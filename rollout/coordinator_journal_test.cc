@@ -132,7 +132,7 @@ TEST(Journal, WithoutADataDirectoryNothingIsLoggedOrHeld) {
   EXPECT_FALSE(w->header_logged);
   Finished t({5, 6});
   std::string envelope = "trajectory";
-  EXPECT_FALSE(f.journal.OnTrajectoryFinished(*w, *t.t, &envelope));
+  EXPECT_FALSE(f.journal.OnTrajectoryFinished(*w, &envelope));
   EXPECT_EQ(envelope, "trajectory");  // the caller delivers it
   EXPECT_EQ(f.journal.PollWaitMs(20), 20);
   f.journal.DeliverDurable();
@@ -160,7 +160,7 @@ TEST(Journal, AFinishedTrajectoryIsHeldUntilDurableThenDeliveredOnce) {
     EXPECT_FALSE(g->group_pending);
     Finished t({7, 8, 9});
     std::string envelope = Envelope(*t.t, 0);
-    ASSERT_TRUE(f.journal.OnTrajectoryFinished(*w0, *t.t, &envelope));
+    ASSERT_TRUE(f.journal.OnTrajectoryFinished(*w0, &envelope));
     EXPECT_TRUE(f.delivered.empty());  // held: nothing committed yet
     f.journal.DeliverDurable();
     ASSERT_EQ(f.delivered.size(), 1u);
@@ -181,7 +181,7 @@ TEST(Journal, AFinishedTrajectoryIsHeldUntilDurableThenDeliveredOnce) {
     EXPECT_TRUE(log->finish.has_value());
     // A group aborted before its trajectory is durable gets nothing delivered.
     std::string second = Envelope(*t.t, 1);
-    ASSERT_TRUE(f.journal.OnTrajectoryFinished(*w1, *t.t, &second));
+    ASSERT_TRUE(f.journal.OnTrajectoryFinished(*w1, &second));
     f.table.Remove(g);
     f.journal.DeliverDurable();
     EXPECT_EQ(f.delivered.size(), 1u);

@@ -192,23 +192,33 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
   if (trajs == nullptr) return;
   // The client envelopes the replica built for the trajectories that end here (replica protocol
   // 4), by work id: forwarded as they are, only their Cost set in place.
+  // The turn's Trajectory then carries no ids of its own: they end the envelope's.
   std::unordered_map<uint64_t, const flatbuffers::Vector<uint8_t>*> built;
   if (const auto* fin = res->finished()) {
     for (const wire::FinishedTrajectory* f : *fin) {
       if (f->envelope()) built[f->work_id()] = f->envelope();
     }
   }
+  // The client trajectory in `bytes` (verified with the message: DecodeEnvelope).
+  auto client_of = [](const flatbuffers::Vector<uint8_t>* bytes) {
+    return wire::GetEnvelope(bytes->data())->msg_as_Trajectory();
+  };
   for (const wire::Trajectory* t : *trajs) {
     Work* found = table.FindWork(t->work_id());
     if (found == nullptr || found->replica != r) continue;  // aborted or re-dispatched
     replicas[r].inflight.erase(found->id);
     found->replica = -1;
-    if (options.metrics && t->ids()) {  // sampled tokens: those forced on a resume are not new
-      options.metrics->TurnFinished(t->ids()->size() -
-                                    std::min<size_t>(t->ids()->size(), found->forced));
-    }
+    const auto env = built.find(found->id);
+    const wire::Trajectory* client = env != built.end() ? client_of(env->second) : nullptr;
     // Not streamed (a replica that sends no chunks): the injected ids ride on the trajectory.
     if (t->injected_ids()) OnInjected(found, *t->injected_ids());
+    if (options.metrics) {  // sampled tokens: those forced on a resume are not new
+      size_t n = t->ids() ? t->ids()->size() : 0;
+      if (client != nullptr && client->ids()) {
+        n = client->ids()->size() - std::min<size_t>(client->ids()->size(), found->ctx_ids.size());
+      }
+      options.metrics->TurnFinished(n - std::min<size_t>(n, found->forced));
+    }
     if (ContinueToolLoop(found, *t)) continue;  // a tool call runs; the next turn follows
     const Work w = table.TakeWork(found);
     Group* g = w.group;
@@ -230,8 +240,8 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     // are held until the finish record is durable (Journal::DeliverDurable), which only sets
     // their cost.wal_bytes in place.
     std::string envelope;
-    if (auto it = built.find(w.id); it != built.end()) {
-      envelope.assign(reinterpret_cast<const char*>(it->second->data()), it->second->size());
+    if (env != built.end()) {
+      envelope.assign(reinterpret_cast<const char*>(env->second->data()), env->second->size());
     }
     if (!SetTrajectoryCost(envelope, cost)) {  // none, or not a Trajectory: the replica's fault
       spdlog::error("coordinator: replica {} sent no client trajectory for work {}",
@@ -242,7 +252,7 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
           BuildErrorTrajectory({g->group_id, w.prompt_index, w.sample_index},
                                Status::Protocol("the replica sent no client trajectory"), tag);
     }
-    if (journal->OnTrajectoryFinished(w, *t, &envelope)) continue;
+    if (journal->OnTrajectoryFinished(w, &envelope)) continue;
     GroupTable::CountDelivered(g, failed, 0);
     if (!g->client.empty()) SendClient(g->client, envelope);
     FinishGroupIfDone(g);

@@ -140,15 +140,11 @@ std::string AddFinalTurn(flatbuffers::FlatBufferBuilder& fbb, uint64_t work_id,
   BuildClientTrajectory(efbb, ft, TurnPrefix{}, at, "fake", client_tag);
   std::string envelope(BufferView(efbb));
   fin->push_back(CreateFinished(fbb, work_id, envelope));
-  auto i = fbb.CreateVector(ids);
-  auto l = fbb.CreateVector(lps);
   auto c = CostToWire(fbb, ft.cost);
-  wire::TrajectoryBuilder b(fbb);
+  wire::TrajectoryBuilder b(fbb);  // the turn's: its ids are the envelope's
   b.add_group_id(at.group_id);
   b.add_prompt_index(at.prompt_index);
   b.add_sample_index(at.sample_index);
-  b.add_ids(i);
-  b.add_logprobs(l);
   b.add_finish(wire::FinishReason_Length);
   b.add_work_id(work_id);
   b.add_cost(c);
@@ -1181,9 +1177,17 @@ TEST(CoordinatorTest, ReplicaRefusesUnknownRequestsAndForgetsOnRequest) {
   const wire::Trajectory* t = e->msg_as_ReplicaResults()->trajectories()->Get(0);
   EXPECT_EQ(t->work_id(), 102u);
   EXPECT_NE(t->finish(), wire::FinishReason_Error);
+  // The trajectory ends here: its tokens are in the client's envelope only (protocol 4).
+  EXPECT_EQ(t->ids(), nullptr);
+  ASSERT_NE(e->msg_as_ReplicaResults()->finished(), nullptr);
+  const wire::FinishedTrajectory* f = e->msg_as_ReplicaResults()->finished()->Get(0);
+  EXPECT_EQ(f->work_id(), 102u);
+  const wire::Trajectory* c = f->envelope_nested_root()->msg_as_Trajectory();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->prompt_index(), 1u);
   TrajectoryResult ran;
-  ran.ids.assign(t->ids()->begin(), t->ids()->end());
-  ran.logprobs.assign(t->logprobs()->begin(), t->logprobs()->end());
+  ran.ids.assign(c->ids()->begin(), c->ids()->end());
+  ran.logprobs.assign(c->logprobs()->begin(), c->logprobs()->end());
   EXPECT_TRUE(SameBits(ran, Reference(q.prompts[1], q, 0)));
   // Forgotten: unknown again.
   ReplicaWorkBuilder forget;

@@ -625,10 +625,16 @@ class ReplicaLoop {
                             options_.name, m.client_tag ? &*m.client_tag : nullptr);
       finished->push_back(CreateFinished(fbb, out.id, BufferView(efbb)));
     }
-    auto ids = fbb.CreateVector(toks.data(), toks.size());
-    auto lps = fbb.CreateVector(lpv.data(), lpv.size());
-    if (route) routing = RoutingToWire(fbb, *route);
-    auto vs = fbb.CreateVectorOfStructs(spans);
+    // A last turn's ids, logprobs, versions and routing are in the envelope only.
+    flatbuffers::Offset<flatbuffers::Vector<int32_t>> ids;
+    flatbuffers::Offset<flatbuffers::Vector<float>> lps;
+    flatbuffers::Offset<flatbuffers::Vector<const wire::VersionSpan*>> vs;
+    if (!last) {
+      ids = fbb.CreateVector(toks.data(), toks.size());
+      lps = fbb.CreateVector(lpv.data(), lpv.size());
+      vs = fbb.CreateVectorOfStructs(spans);
+      if (route) routing = RoutingToWire(fbb, *route);
+    }
     flatbuffers::Offset<flatbuffers::Vector<int32_t>> inj;
     if (!m.injected.empty()) inj = fbb.CreateVector(m.injected);
     auto fp = FingerprintToWire(fbb, engine_.info().fingerprint);
@@ -638,11 +644,13 @@ class ReplicaLoop {
     b.add_group_id(m.group_id);
     b.add_prompt_index(m.prompt_index);
     b.add_sample_index(m.sample_index);
-    b.add_ids(ids);
-    b.add_logprobs(lps);
+    if (!last) {
+      b.add_ids(ids);
+      b.add_logprobs(lps);
+      b.add_versions(vs);
+    }
     b.add_finish(finish);
     b.add_turns(1);
-    b.add_versions(vs);
     b.add_fingerprint(fp);
     b.add_cost(cost);
     b.add_replica(name);

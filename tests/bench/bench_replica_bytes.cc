@@ -96,14 +96,10 @@ void FakeReplica(zmq::context_t& ctx, const std::string& endpoint, uint32_t capa
                               {it->group_id(), it->prompt_index(), it->sample_index()}, "fake",
                               nullptr);
         fin.push_back(CreateFinished(fbb, it->work_id(), BufferView(efbb)));
-        auto i = fbb.CreateVector(ids, 2);
-        auto l = fbb.CreateVector(lps, 2);
-        wire::TrajectoryBuilder b(fbb);
+        wire::TrajectoryBuilder b(fbb);  // the turn's: its ids are the envelope's
         b.add_group_id(it->group_id());
         b.add_prompt_index(it->prompt_index());
         b.add_sample_index(it->sample_index());
-        b.add_ids(i);
-        b.add_logprobs(l);
         b.add_finish(wire::FinishReason_Length);
         b.add_work_id(it->work_id());
         ts.push_back(b.Finish());

@@ -228,7 +228,7 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     cost.queue_seconds = w.queue_seconds;
     cost.price_usd = cost.engine_seconds * options.price.replica_hour_usd / 3600.0 +
                      cost.sandbox_cpu_seconds * options.price.sandbox_cpu_hour_usd / 3600.0;
-    const bool failed = t->finish() == wire::FinishReason_Error;
+    bool failed = t->finish() == wire::FinishReason_Error;
     if (options.metrics) options.metrics->TrajectoryFinished(cost, w.turn);
     g->cost.Add(cost);
     ++trajectories_done;
@@ -243,7 +243,8 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
     if (env != built.end()) {
       envelope.assign(reinterpret_cast<const char*>(env->second->data()), env->second->size());
     }
-    if (!SetTrajectoryCost(envelope, cost)) {  // none, or not a Trajectory: the replica's fault
+    // None, or not a Trajectory: the replica's fault, a typed error for the client.
+    if (!SetTrajectoryCost(envelope, cost)) {
       spdlog::error("coordinator: replica {} sent no client trajectory for work {}",
                     replicas[r].name, w.id);
       const std::string tag =
@@ -251,6 +252,7 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
       envelope =
           BuildErrorTrajectory({g->group_id, w.prompt_index, w.sample_index},
                                Status::Protocol("the replica sent no client trajectory"), tag);
+      failed = true;
     }
     if (journal->OnTrajectoryFinished(w, &envelope)) continue;
     GroupTable::CountDelivered(g, failed, 0);

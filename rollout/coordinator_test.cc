@@ -1111,6 +1111,44 @@ TEST(CoordinatorTest, ClientGetsTheReplicasBytesWithOnlyTheCostSet) {
   EXPECT_EQ(cost_changed, built.size());
 }
 
+// A final turn that comes without its client envelope (a replica's fault) reaches the client as a
+// typed Protocol error; the group still completes.
+TEST(CoordinatorTest, AFinalTurnWithoutItsEnvelopeIsAProtocolError) {
+  CoordinatorOptions o;
+  o.replica_bind = "tcp://127.0.0.1:*";
+  o.submit.vocab_size = 512;
+  Server s = StartServer(0, o);
+  zmq::context_t ctx(1);
+  zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "fake");
+  std::this_thread::sleep_for(50ms);
+  auto client = Connect(s.endpoint);
+  ASSERT_TRUE(client->Submit(TestGroup(4)).ok());
+  ReceivedWork w;
+  ASSERT_TRUE(NextWork(fake, &w));
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    std::vector<flatbuffers::Offset<wire::Trajectory>> ts;
+    std::vector<flatbuffers::Offset<wire::FinishedTrajectory>> fin;
+    for (const wire::WorkItem* item : *w.work->items()) {
+      AddFinalTurn(fbb, item->work_id(),
+                   {item->group_id(), item->prompt_index(), item->sample_index()}, &ts, &fin);
+    }
+    fin.erase(fin.begin());  // the first item's envelope is lost
+    SendResults(fake, fbb, ts, fin);
+  }
+  GroupSummary done;
+  const auto got = Collect(*client, 4, &done);
+  ASSERT_EQ(got.size(), 24u);
+  EXPECT_EQ(done.errors, 1u);
+  size_t errors = 0;
+  for (const auto& t : got) {
+    if (t.finish != FinishReason::kError) continue;
+    ++errors;
+    EXPECT_EQ(t.error.code(), ErrorCode::kProtocol);
+  }
+  EXPECT_EQ(errors, 1u);
+}
+
 // The replica side: an item naming a request it does not hold is sent back with a kProtocol
 // error (never run, never a crash); one it was sent before runs by key; after a forget it is
 // unknown again.

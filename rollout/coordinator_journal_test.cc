@@ -319,6 +319,17 @@ TEST(Journal, SetTrajectoryCostSetsEveryFieldInPlace) {
   EXPECT_EQ(plain, before);
   std::string other = Request(7, 2);
   EXPECT_FALSE(SetTrajectoryCost(other, c));
+  // Verified bytes (a copy of a message's nested envelope): the same result, no second verifier.
+  std::string want = built;
+  ASSERT_TRUE(SetTrajectoryCost(want, c));
+  std::string verified = built;
+  ASSERT_TRUE(SetVerifiedTrajectoryCost(verified, c));
+  EXPECT_EQ(verified, want);
+  EXPECT_NE(verified, built);
+  std::string none;
+  EXPECT_FALSE(SetVerifiedTrajectoryCost(none, c));
+  EXPECT_FALSE(SetVerifiedTrajectoryCost(other, c));
+  EXPECT_FALSE(SetVerifiedTrajectoryCost(plain, c));
 }
 
 TEST(Journal, APathUpdateIsLiveAgainAfterARestart) {

@@ -244,7 +244,7 @@ void Coordinator::State::OnResults(int r, const wire::ReplicaResults* res) {
       envelope.assign(reinterpret_cast<const char*>(env->second->data()), env->second->size());
     }
     // None, or not a Trajectory: the replica's fault, a typed error for the client.
-    if (!SetTrajectoryCost(envelope, cost)) {
+    if (!SetVerifiedTrajectoryCost(envelope, cost)) {
       spdlog::error("coordinator: replica {} sent no client trajectory for work {}",
                     replicas[r].name, w.id);
       const std::string tag =

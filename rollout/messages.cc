@@ -101,9 +101,11 @@ namespace {
 
 // The Cost of a Trajectory envelope as a table whose stored scalars can be overwritten; null when
 // `envelope` is no Trajectory with a Cost.
-flatbuffers::Table* MutableCost(std::string& envelope) {
-  flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(envelope.data()), envelope.size());
-  if (!wire::VerifyEnvelopeBuffer(v)) return nullptr;  // not an envelope at all
+flatbuffers::Table* MutableCost(std::string& envelope, bool verified = false) {
+  if (!verified) {
+    flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(envelope.data()), envelope.size());
+    if (!wire::VerifyEnvelopeBuffer(v)) return nullptr;  // not an envelope at all
+  }
   const wire::Trajectory* t = wire::GetEnvelope(envelope.data())->msg_as_Trajectory();
   if (t == nullptr || t->cost() == nullptr) return nullptr;
   // The generated code has no mutators (flatc without --gen-mutable); wire::Cost is a
@@ -111,10 +113,8 @@ flatbuffers::Table* MutableCost(std::string& envelope) {
   return reinterpret_cast<flatbuffers::Table*>(const_cast<wire::Cost*>(t->cost()));
 }
 
-}  // namespace
-
-bool SetTrajectoryCost(std::string& envelope, const Cost& cost) {
-  flatbuffers::Table* c = MutableCost(envelope);
+// Sets every Cost field in `c`, when each has a slot.
+bool SetCost(flatbuffers::Table* c, const Cost& cost) {
   if (c == nullptr) return false;
   using C = wire::Cost;
   for (auto f : {C::VT_PREFILL_COMPUTED, C::VT_PREFILL_CACHED, C::VT_DECODE_TOKENS,
@@ -132,6 +132,16 @@ bool SetTrajectoryCost(std::string& envelope, const Cost& cost) {
   c->SetField<int64_t>(C::VT_WAL_BYTES, cost.wal_bytes);
   c->SetField<double>(C::VT_PRICE_USD, cost.price_usd);
   return true;
+}
+
+}  // namespace
+
+bool SetTrajectoryCost(std::string& envelope, const Cost& cost) {
+  return SetCost(MutableCost(envelope), cost);
+}
+
+bool SetVerifiedTrajectoryCost(std::string& envelope, const Cost& cost) {
+  return !envelope.empty() && SetCost(MutableCost(envelope, /*verified=*/true), cost);
 }
 
 bool SetTrajectoryWalBytes(std::string& envelope, int64_t wal_bytes) {

@@ -62,6 +62,10 @@ void BuildClientTrajectory(flatbuffers::FlatBufferBuilder& fbb, const FinalTurn&
 // place. False (and nothing changed) when `envelope` is no Trajectory or its Cost lacks a slot.
 bool SetTrajectoryCost(std::string& envelope, const Cost& cost);
 
+// SetTrajectoryCost for a copy of bytes DecodeEnvelope has verified already (a ReplicaResults'
+// nested envelope): the same checks but the verifier's second pass.
+bool SetVerifiedTrajectoryCost(std::string& envelope, const Cost& cost);
+
 // Sets cost.wal_bytes alone, in place (the WAL counts a record's bytes at commit). False as for
 // SetTrajectoryCost.
 bool SetTrajectoryWalBytes(std::string& envelope, int64_t wal_bytes);

@@ -17,8 +17,8 @@ Exit 0 = pass, 1 = a check failed.
 
 import os
 import re
+import shutil
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -188,7 +188,7 @@ def main():
         return 0
     t0 = time.time()
     failures = []
-    tmp = tempfile.mkdtemp(prefix="bitroll_hostile_replica_")
+    tmp_dir = oc.TempDir("bitroll_hostile_replica_")
     rep_ep = f"tcp://127.0.0.1:{oc.free_port()}"
     srv = oc.Server(a.bitroll, a.model, replicas=1,
                     extra=["--replica-bind", rep_ep, "--replica-timeout-ms", "1500"]).start()
@@ -217,7 +217,7 @@ def main():
             failures.append(f"a replica of another protocol is listed: {names}")
         old.close()
 
-        refs = oc.References(a.bitroll, a.model, tmp)
+        refs = oc.References(a.bitroll, a.model, tmp_dir.path)
         for gid, kind in enumerate(["random bytes", "envelope not a flatbuffer",
                                     "results for unknown work ids"], start=40):
             cycle(ctx, rep_ep, wire, fingerprint, gid, kind, refs, failures)
@@ -225,6 +225,7 @@ def main():
             failures.append("the service no longer answers Status")
     finally:
         wire.close()
+        shutil.rmtree(tmp_dir.path, ignore_errors=True)
         if failures:
             print(srv.log_tail(3000))
         srv.kill9()

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <string>
 
 #include "kernels/cpu/math.h"
@@ -143,23 +144,54 @@ void Matmul(Isa isa, const MatmulParams& p, ThreadPool* pool) {
   }
   // deterministic: tasks split rows and column blocks only; every output's chain runs whole inside
   // one tile call, so the split (and which thread runs which task) never changes bits.
-  // Row chunks of 48 rows (a multiple of every ISA's row tile), column chunks of a multiple of 6
-  // blocks (a multiple of every ISA's column tile) sized for ~4 tasks per thread.
-  constexpr int64_t kRowChunk = 48;
-  constexpr int64_t kColQuantum = 6;
-  const int64_t n_row_tasks = (p.m + kRowChunk - 1) / kRowChunk;
-  const int64_t want_col_tasks =
-      std::max<int64_t>(1, (4 * threads + n_row_tasks - 1) / n_row_tasks);
-  int64_t col_chunk = (n_blocks + want_col_tasks - 1) / want_col_tasks;
-  col_chunk = (col_chunk + kColQuantum - 1) / kColQuantum * kColQuantum;
-  const int64_t n_col_tasks = (n_blocks + col_chunk - 1) / col_chunk;
-  pool->Run(n_row_tasks * n_col_tasks, [&](int, int64_t task) {
-    const int64_t rt = task / n_col_tasks, ct = task % n_col_tasks;
-    const int64_t row0 = rt * kRowChunk, row1 = std::min(p.m, row0 + kRowChunk);
-    const int64_t b0 = ct * col_chunk, b1 = std::min(n_blocks, b0 + col_chunk);
-    tile(p, row0, row1, b0, b1);
+  internal::TileShape shape = internal::MatmulTileShapeScalar(p.m);
+  if (isa == Isa::kAvx2) shape = internal::MatmulTileShapeAvx2(p.m);
+  if (isa == Isa::kAvx512) shape = internal::MatmulTileShapeAvx512(p.m);
+  const internal::MatmulGrid g = internal::PlanMatmulGrid(p.m, n_blocks, shape, threads);
+  pool->Run(g.tasks(), [&](int, int64_t task) {
+    const int64_t rt = task / g.col_tasks, ct = task % g.col_tasks;
+    tile(p, g.RowBegin(rt), g.RowBegin(rt + 1), g.BlockBegin(ct), g.BlockBegin(ct + 1));
   });
 }
+
+namespace internal {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Start of part i of `total` items cut into `parts` parts of whole `unit`s, dealt out evenly.
+int64_t EvenBegin(int64_t i, int64_t parts, int64_t total, int64_t unit) {
+  const int64_t units = CeilDiv(total, unit);
+  return std::min(total, i * units / parts * unit);
+}
+
+}  // namespace
+
+MatmulGrid PlanMatmulGrid(int64_t m, int64_t n_blocks, TileShape tile, int threads) {
+  MatmulGrid g;
+  g.m = m;
+  g.n_blocks = n_blocks;
+  g.tile = tile;
+  const int64_t row_units = CeilDiv(m, tile.rows), col_units = CeilDiv(n_blocks, tile.blocks);
+  g.row_tasks = std::min(row_units, CeilDiv(m, MatmulGrid::kMaxTaskRows));
+  g.col_tasks = std::max<int64_t>(1, CeilDiv(MatmulGrid::kTasksPerThread * threads, g.row_tasks));
+  // A task count that is a multiple of the thread count: equal tasks then end together.
+  const int64_t step = threads / std::gcd(g.row_tasks, static_cast<int64_t>(threads));
+  g.col_tasks = std::min(col_units, CeilDiv(g.col_tasks, step) * step);
+  return g;
+}
+
+int64_t MatmulGrid::RowBegin(int64_t i) const {
+  return EvenBegin(i, row_tasks, m, tile.rows);
+}
+
+int64_t MatmulGrid::BlockBegin(int64_t j) const {
+  return EvenBegin(j, col_tasks, n_blocks, tile.blocks);
+}
+
+}  // namespace internal
 
 Status CheckMatmulParams(const MatmulParams& p) {
   if (p.w == nullptr) return Status::InvalidArgument("Matmul: w is null");

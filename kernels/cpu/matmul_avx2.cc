@@ -149,6 +149,10 @@ void TileLoop(const MatmulParams& p, int64_t row0, int64_t row1, int64_t block0,
 
 }  // namespace
 
+TileShape MatmulTileShapeAvx2(int64_t rows) {
+  return rows == 1 ? TileShape{1, kWideNb} : TileShape{kMr, 1};
+}
+
 void MatmulTileAvx2(const MatmulParams& p, int64_t row0, int64_t row1, int64_t block0,
                     int64_t block1) {
   const bool bf16 = p.w->storage() == DType::kBF16;

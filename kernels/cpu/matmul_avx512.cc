@@ -166,6 +166,10 @@ void TileLoop(const MatmulParams& p, int64_t row0, int64_t row1, int64_t block0,
 
 }  // namespace
 
+TileShape MatmulTileShapeAvx512(int64_t rows) {
+  return rows <= kWideMaxRows ? TileShape{kWideMaxRows, kWideNr} : TileShape{kMr, kNr};
+}
+
 void MatmulTileAvx512(const MatmulParams& p, int64_t row0, int64_t row1, int64_t block0,
                       int64_t block1) {
   const bool bf16 = p.w->storage() == DType::kBF16;

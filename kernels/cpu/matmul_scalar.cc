@@ -7,6 +7,10 @@
 
 namespace bitroll::kernels::internal {
 
+TileShape MatmulTileShapeScalar(int64_t) {
+  return {1, 1};
+}
+
 void MatmulTileScalar(const MatmulParams& p, int64_t row0, int64_t row1, int64_t block0,
                       int64_t block1) {
   const PackedMatrix& w = *p.w;

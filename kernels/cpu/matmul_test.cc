@@ -8,9 +8,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/math.h"
+#include "kernels/cpu/matmul_internal.h"
 
 namespace bitroll::kernels {
 namespace {
@@ -101,9 +103,9 @@ TEST(MatmulTest, AllIsasEqualReferenceBitwise) {
 
 TEST(MatmulTest, ThreadCountsGiveIdenticalBits) {
   WarnMissingIsas();
-  // m = 50 crosses the 48-row task chunk; n = 300 gives 19 column blocks (a partial last block);
+  // m = 70 crosses the 64-row task chunk; n = 300 gives 19 column blocks (a partial last block);
   // k = 256 makes even one row big enough to be split across the pool.
-  const int64_t m = 50, n = 300, k = 256;
+  const int64_t m = 70, n = 300, k = 256;
   const std::vector<float> w = RandomFloats(static_cast<size_t>(n * k), 5);
   const std::vector<float> x = RandomFloats(static_cast<size_t>(m * k), 6);
   const std::vector<float> bias = RandomFloats(static_cast<size_t>(n), 8);
@@ -126,7 +128,7 @@ TEST(MatmulTest, ThreadCountsGiveIdenticalBits) {
 }
 
 // The batched-decode and prefill sizes (issue 19): row counts around the 8-row register tile and
-// the 48-row task chunk, column counts that leave 1, 2 or 3 blocks in a task's last panel (the
+// the 64-row task chunk, column counts that leave 1, 2 or 3 blocks in a task's last panel (the
 // next-panel prefetch of the AVX-512 tile runs over every panel boundary), on 1-3 threads.
 TEST(MatmulTest, BatchedRowsAndPanelsGiveReferenceBits) {
   WarnMissingIsas();
@@ -153,6 +155,61 @@ TEST(MatmulTest, BatchedRowsAndPanelsGiveReferenceBits) {
       }
     }
   }
+}
+
+// The task grid of a pooled call (speed only, so checked as a plan): every row and column block
+// in exactly one task, cut at whole tiles, tasks differing by at most one tile, at most
+// kMaxTaskRows rows per task rounded to the tile, and a task count that is a multiple of the
+// thread count unless the column tiles run out. The old fixed 48-row chunks gave 11 tasks for
+// 512 rows on 2 threads (one thread ran 6 of them): the multiple-of-threads check fails there.
+TEST(MatmulTest, TaskGridCoversEverythingInBalancedTiles) {
+  using internal::MatmulGrid;
+  int plans = 0;
+  for (internal::TileShape tile :
+       {internal::MatmulTileShapeScalar(64), internal::MatmulTileShapeAvx2(1),
+        internal::MatmulTileShapeAvx2(64), internal::MatmulTileShapeAvx512(2),
+        internal::MatmulTileShapeAvx512(64)}) {
+    for (int64_t m : {1, 2, 3, 7, 8, 9, 31, 32, 33, 63, 64, 65, 100, 256, 300, 448, 512, 1000}) {
+      for (int64_t nb : {1, 2, 3, 5, 16, 48, 144, 256, 2000}) {
+        for (int threads : {1, 2, 3, 4, 8}) {
+          const MatmulGrid g = internal::PlanMatmulGrid(m, nb, tile, threads);
+          const std::string what = "tile " + std::to_string(tile.rows) + "x" +
+                                   std::to_string(tile.blocks) + " m=" + std::to_string(m) +
+                                   " nb=" + std::to_string(nb) + " t=" + std::to_string(threads);
+          ASSERT_EQ(g.RowBegin(0), 0) << what;
+          ASSERT_EQ(g.RowBegin(g.row_tasks), m) << what;
+          ASSERT_EQ(g.BlockBegin(0), 0) << what;
+          ASSERT_EQ(g.BlockBegin(g.col_tasks), nb) << what;
+          int64_t row_min = m, row_max = 0, col_min = nb, col_max = 0;
+          for (int64_t i = 0; i < g.row_tasks; ++i) {
+            const int64_t a = g.RowBegin(i), b = g.RowBegin(i + 1);
+            ASSERT_LT(a, b) << what << " row task " << i;
+            ASSERT_EQ(a % tile.rows, 0) << what;
+            row_min = std::min(row_min, b - a);
+            row_max = std::max(row_max, b - a);
+          }
+          for (int64_t j = 0; j < g.col_tasks; ++j) {
+            const int64_t a = g.BlockBegin(j), b = g.BlockBegin(j + 1);
+            ASSERT_LT(a, b) << what << " column task " << j;
+            ASSERT_EQ(a % tile.blocks, 0) << what;
+            col_min = std::min(col_min, b - a);
+            col_max = std::max(col_max, b - a);
+          }
+          // At most one tile apart (the last task may also hold a partial tile).
+          EXPECT_LT(row_max - row_min, 2 * tile.rows) << what;
+          EXPECT_LT(col_max - col_min, 2 * tile.blocks) << what;
+          EXPECT_LE(row_max, MatmulGrid::kMaxTaskRows + tile.rows) << what;
+          const int64_t col_units = (nb + tile.blocks - 1) / tile.blocks;
+          EXPECT_TRUE(g.tasks() % threads == 0 || g.col_tasks == col_units) << what;
+          EXPECT_TRUE(g.tasks() >= MatmulGrid::kTasksPerThread * threads ||
+                      g.col_tasks == col_units)
+              << what;
+          ++plans;
+        }
+      }
+    }
+  }
+  EXPECT_GT(plans, 3000);
 }
 
 TEST(MatmulTest, StridesAreHonouredAndPaddingUntouched) {

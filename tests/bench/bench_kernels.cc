@@ -21,15 +21,9 @@
 // thread count instead: on a shared, oversubscribed machine this estimates what the code does when
 // it has the cores to itself (spin-waits count as busy, so multi-thread figures are pessimistic).
 
-// GCC 12 false positives inside the AVX-512 intrinsic headers (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +38,7 @@
 #include "kernels/cpu/math.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
+#include "tests/bench/bench_roofline.h"
 #include "tests/bench/bench_util.h"
 
 namespace bk = bitroll::kernels;
@@ -51,17 +46,7 @@ namespace bk = bitroll::kernels;
 namespace {
 
 // The bench's clock: wall time, or process CPU time divided by the threads in use.
-struct Clock {
-  using time_point = double;
-  static inline bool cpu = false;
-  static inline int threads = 1;
-  static time_point now() {
-    timespec ts;
-    clock_gettime(cpu ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
-    const double t = static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-    return cpu ? t / threads : t;
-  }
-};
+using Clock = bitroll::bench::BenchClock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return b - a;
@@ -87,106 +72,11 @@ double TimePerCall(const std::function<void()>& fn, int reps, double min_s = 0.0
   return Median(times);
 }
 
-// ---- FMA peak: 12 independent register-only fma chains ----
+using bitroll::bench::FmaPeak;
 
-__attribute__((target("avx512f"))) float FmaLoopAvx512(int64_t iters) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  }
-  __m512 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-  return _mm512_reduce_add_ps(s);
-}
-
-__attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iters) {
-  __m256 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  }
-  __m256 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
-  float out[8];
-  _mm256_storeu_ps(out, s);
-  return out[0];
-}
-
-float FmaLoopScalar(int64_t iters) {
-  float acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = static_cast<float>(i);
-  for (int64_t it = 0; it < iters; ++it) {
-    for (int i = 0; i < 12; ++i)
-      acc[i] = acc[i] * 0.999999f + 1e-7f;  // mul + add (no fma in base ISA)
-  }
-  float s = 0;
-  for (float a : acc) s += a;
-  return s;
-}
-
-int Lanes(bk::Isa isa) {
-  return isa == bk::Isa::kAvx512 ? 16 : isa == bk::Isa::kAvx2 ? 8 : 1;
-}
-
-volatile float g_sink;
-
-// GFLOP/s of `threads` threads each running the register-only loop.
-double FmaPeak(bk::Isa isa, int threads, int reps) {
-  Clock::threads = threads;
-  const int64_t iters = 2'000'000;
-  auto body = [&] {
-    float r = isa == bk::Isa::kAvx512 ? FmaLoopAvx512(iters)
-              : isa == bk::Isa::kAvx2 ? FmaLoopAvx2(iters)
-                                      : FmaLoopScalar(iters / 8);
-    g_sink = r;
-  };
-  const double flops_per_thread =
-      static_cast<double>(isa == bk::Isa::kScalar ? iters / 8 : iters) * 12 * Lanes(isa) * 2;
-  std::vector<double> rates;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    std::vector<std::thread> ts;
-    for (int t = 1; t < threads; ++t) ts.emplace_back(body);
-    body();
-    for (auto& t : ts) t.join();
-    rates.push_back(flops_per_thread * threads / Seconds(t0, Clock::now()) / 1e9);
-  }
-  return Median(rates);
-}
-
-// ---- Read bandwidth: sum a 512 MiB buffer with 8 independent accumulators ----
-
-__attribute__((target("avx512f"))) float SumAvx512(const float* p, int64_t n) {
-  __m512 acc[8];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 128) {
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(p + i + 16 * j));
-  }
-  for (int j = 1; j < 8; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-  return _mm512_reduce_add_ps(acc[0]);
-}
-
+// The read bandwidth of the AVX-512 sum (this bench measures it only where AVX-512 runs).
 double ReadBandwidth(int threads, int reps, const float* buf, int64_t n) {
-  Clock::threads = threads;
-  std::vector<double> rates;
-  for (int r = 0; r < reps; ++r) {
-    const int64_t per = n / threads / 128 * 128;
-    const auto t0 = Clock::now();
-    std::vector<std::thread> ts;
-    for (int t = 1; t < threads; ++t) {
-      ts.emplace_back([=] { g_sink = SumAvx512(buf + t * per, per); });
-    }
-    g_sink = SumAvx512(buf, per);
-    for (auto& t : ts) t.join();
-    rates.push_back(static_cast<double>(per) * threads * 4 / Seconds(t0, Clock::now()) / 1e9);
-  }
-  return Median(rates);
+  return bitroll::bench::ReadBandwidth(bk::Isa::kAvx512, threads, reps, buf, n);
 }
 
 struct Shape {

@@ -9,9 +9,18 @@
 // use), fp32, greedy: decode tok/s at batch 1 after a 256- and a 4,096-token prompt, prefill tok/s
 // of 512- and 4,096-token prompts (the steps before the first token, default prefill chunking),
 // batch 32 of 128-token prompts + 128 generated tokens (decode steps only), and batch-1 decode at
-// context 256 with the attention kernel forced to single and to split. One line per case and rep,
-// then a table of medians. --kv-dtype / --weights: the KV cache's and the matmul weights' storage;
-// --case: only the cases whose name contains SUBSTRING.
+// context 256 with the attention kernel forced to single and to split. --kv-dtype / --weights:
+// the KV cache's and the matmul weights' storage; --case: only the cases whose name contains
+// SUBSTRING.
+// Rooflines in the same process: the FMA peak (the engine's ISA, --threads threads) and the read
+// bandwidth (the same threads, a buffer of max(1 GiB, 4 x L3)) of tests/bench/bench_roofline.h,
+// measured before the first case and after the last; every case is reported against their mean.
+// One progress line per case and rep on stderr while the cases run; then on stdout both
+// rooflines, and per case and rep "rep N | case | prefill X tok/s | decode Y tok/s" followed by
+// prefill GFLOP/s and % of the FMA peak, and decode GFLOP/s and % of the FMA peak (judge batch 32
+// by it), bytes read per decode step and GB/s and % of the read bandwidth (judge batch 1 by it);
+// then a table of medians. The flop and byte formulas are the functions under "The attention
+// suite's flop and byte counts" below.
 //
 // Decode tok/s at batch 1, 8, 32, 64 with 1 and 2 threads, and prefill tok/s, on stories260K and
 // on a random-weight stories110m (written with make-model into --work on first use), with fp32
@@ -19,6 +28,8 @@
 // attention disabled (single only) and with every item split. Reports achieved GFLOP/s (2 flops
 // per multiply-add of the matmuls, plus attention) so it can be set against the FMA peak that
 // bench_kernels measures. Prints one table; each figure is the median of --reps runs.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +42,8 @@
 #include "engine/cpu_engine.h"
 #include "engine/make_model.h"
 #include "engine/model_loader.h"
+#include "kernels/cpu/isa.h"
+#include "tests/bench/bench_roofline.h"
 #include "tests/bench/bench_util.h"
 
 namespace {
@@ -116,11 +129,83 @@ double PrefillTokPerSec(std::shared_ptr<const engine::ModelWeights> w, const Con
   return len / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// `batch` sequences with a `prompt_len`-token prompt, then `gen` generated tokens each. Returns
-// decode tok/s over the steps in which every row is a decode row; *prefill_tps gets the prompt
-// tokens per second of the steps before the first token (default prefill chunking).
-double ContextRun(std::shared_ptr<const engine::ModelWeights> w, const Config& cfg, int prompt_len,
-                  int gen, double* prefill_tps) {
+// ---- The attention suite's flop and byte counts ----
+
+// Element bytes of a storage type: 2 for bf16, else 4 (fp32).
+double ElementBytes(kernels::DType t) {
+  return t == kernels::DType::kBF16 ? 2.0 : 4.0;
+}
+
+// Keys a query at position p reads in `layer`: p + 1, or min(p + 1, W) under a sliding window W.
+double KeysRead(const engine::ModelConfig& c, int32_t layer, int64_t p) {
+  const int64_t w = c.window(layer);
+  return static_cast<double>(w > 0 ? std::min<int64_t>(p + 1, w) : p + 1);
+}
+
+// Classifier flops of one row that produces logits: 2 x dim x vocab_size.
+double ClassifierFlops(const engine::ModelConfig& c) {
+  return 2.0 * c.dim * c.vocab_size;
+}
+
+// Attention flops of one query row at position p over all layers: per query head and key read,
+// q.k and p.v are head_dim multiply-adds each (2 flops each):
+//   sum over layers of n_heads x 4 x head_dim x KeysRead(layer, p).
+double AttentionFlopsAt(const engine::ModelConfig& c, int64_t p) {
+  double keys = 0;
+  for (int32_t l = 0; l < c.n_layers; ++l) keys += KeysRead(c, l, p);
+  return 4.0 * c.n_heads * c.head_dim() * keys;
+}
+
+// The prefill of `batch` prompts of `prompt` tokens (positions 0 .. prompt - 1 each): every row
+// runs the layer matmuls and its attention, only a prompt's last row the classifier (the engine
+// computes logits only for rows that pick a token):
+//   batch x [(MatmulFlopsPerToken - ClassifierFlops) x prompt + ClassifierFlops
+//            + sum over p < prompt of AttentionFlopsAt(p)].
+double PrefillFlops(const engine::ModelConfig& c, int batch, int prompt) {
+  double attention = 0;
+  for (int64_t p = 0; p < prompt; ++p) attention += AttentionFlopsAt(c, p);
+  const double matmul = (MatmulFlopsPerToken(c) - ClassifierFlops(c)) * prompt + ClassifierFlops(c);
+  return batch * (matmul + attention);
+}
+
+// One decode row at position p (it reads p + 1 keys and produces logits):
+//   MatmulFlopsPerToken + AttentionFlopsAt(p).
+double DecodeRowFlops(const engine::ModelConfig& c, int64_t p) {
+  return MatmulFlopsPerToken(c) + AttentionFlopsAt(c, p);
+}
+
+// Bytes of the matmul weights a forward step reads once, whatever its rows: every layer's q, k,
+// v, o, w1, w2, w3 and the classifier, MatmulFlopsPerToken / 2 parameters, in `storage`:
+//   MatmulFlopsPerToken / 2 x ElementBytes(storage).
+// The norm vectors and the token embedding rows (< 0.1 MB for stories110m) are left out.
+double WeightBytes(const engine::ModelConfig& c, kernels::DType storage) {
+  return MatmulFlopsPerToken(c) / 2 * ElementBytes(storage);
+}
+
+// K/V bytes one decode row at position p reads: K and V of every key it reads, in every layer:
+//   sum over layers of 2 x kv_dim x KeysRead(layer, p) x ElementBytes(kv)
+//   (= 2 x n_layers x kv_dim x (p + 1) x ElementBytes(kv) without sliding windows).
+double KvBytesAt(const engine::ModelConfig& c, int64_t p, kernels::DType kv) {
+  double keys = 0;
+  for (int32_t l = 0; l < c.n_layers; ++l) keys += KeysRead(c, l, p);
+  return 2.0 * c.kv_dim() * keys * ElementBytes(kv);
+}
+
+// What one ContextRun measured.
+struct RunResult {
+  double prefill_s = 0, decode_s = 0;
+  int64_t prefill_rows = 0;  // rows of the steps before the first token (inclusive)
+  int64_t decoded = 0;       // rows of the timed decode steps
+  int64_t decode_steps = 0;
+  double decode_flops = 0;  // sum of DecodeRowFlops over the timed rows
+  double decode_bytes = 0;  // per timed step WeightBytes + its rows' KvBytesAt, summed
+};
+
+// `batch` sequences with a `prompt_len`-token prompt, then `gen` generated tokens each. Times the
+// steps before the first token (prefill; default prefill chunking) and the steps in which every
+// row is a decode row, and counts the flops and bytes of the decode rows at their positions.
+RunResult ContextRun(std::shared_ptr<const engine::ModelWeights> w, const Config& cfg,
+                     int prompt_len, int gen) {
   auto e = Make(w, cfg, 4096);
   for (int i = 0; i < cfg.batch; ++i) {
     engine::SequenceRequest r;
@@ -133,23 +218,63 @@ double ContextRun(std::shared_ptr<const engine::ModelWeights> w, const Config& c
     r.stop.stop_at_eos = r.stop.stop_at_bos = false;
     (void)e->Add(r);
   }
-  double decode_s = 0, prefill_s = 0;
-  int64_t decoded = 0;
+  const engine::ModelConfig& c = w->config;
+  const double weight_bytes = WeightBytes(c, cfg.storage);
+  RunResult out;
   bool first_token = false;
   while (e->HasWork()) {
     auto s = e->Step();
     if (!s.ok()) std::exit(1);
-    if (!first_token) prefill_s += s->seconds;
+    if (!first_token) {
+      out.prefill_s += s->seconds;
+      out.prefill_rows += s->tokens_processed;
+    }
     if (!s->tokens.empty()) first_token = true;
     if (s->tokens_processed == cfg.batch && static_cast<int>(s->tokens.size()) == cfg.batch) {
-      decode_s += s->seconds;
-      decoded += cfg.batch;
+      out.decode_s += s->seconds;
+      out.decoded += cfg.batch;
+      ++out.decode_steps;
+      out.decode_bytes += weight_bytes;
+      for (const engine::TokenEvent& t : s->tokens) {
+        // The row that produced the token at position t.position ran at t.position - 1.
+        out.decode_flops += DecodeRowFlops(c, t.position - 1);
+        out.decode_bytes += KvBytesAt(c, t.position - 1, cfg.kv);
+      }
     }
   }
-  if (prefill_tps != nullptr) {
-    *prefill_tps = prefill_s > 0 ? static_cast<double>(prompt_len) * cfg.batch / prefill_s : 0.0;
-  }
-  return decode_s > 0 ? decoded / decode_s : 0.0;
+  return out;
+}
+
+// The machine limits of one measurement: bench_roofline.h's FMA peak and read bandwidth.
+struct Roofline {
+  double peak_gflops = 0;
+  double read_gbs = 0;  // 0: not measured (no AVX2 or AVX-512)
+};
+
+// The FMA peak of `isa` and the read bandwidth with `isa`'s loads (AVX2 or AVX-512; else not
+// measured) on `threads` threads, the bandwidth over a buffer of max(1 GiB, 4 x the L3 cache) so
+// that it comes from DRAM. Medians of 21 runs (~5 ms each) and of 7 runs (one pass each).
+Roofline MeasureRoofline(kernels::Isa isa, int threads) {
+  Roofline r;
+  r.peak_gflops = bench::FmaPeak(isa, threads, 21);
+  if (!bench::ReadBandwidthSupported(isa)) return r;
+  const int64_t l3 = std::max<int64_t>(0, sysconf(_SC_LEVEL3_CACHE_SIZE));
+  const int64_t bytes = std::max<int64_t>(int64_t{1} << 30, 4 * l3) / 4096 * 4096;
+  const int64_t n = bytes / static_cast<int64_t>(sizeof(float));
+  float* buf = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(bytes)));
+  if (buf == nullptr) return r;
+  for (int64_t i = 0; i < n; ++i) buf[i] = 1.0f;
+  r.read_gbs = bench::ReadBandwidth(isa, threads, 7, buf, n);
+  std::free(buf);
+  return r;
+}
+
+// "12.3%": value as a percentage of limit, or "n/a" when the limit was not measured.
+std::string Percent(double value, double limit) {
+  if (limit <= 0) return "n/a";
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.1f%%", 100 * value / limit);
+  return b;
 }
 
 int AttentionSuite(const std::string& work, int reps, int threads, kernels::DType kv,
@@ -173,6 +298,7 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
     return 1;
   }
   auto w = std::make_shared<const engine::ModelWeights>(std::move(lw).value());
+  const engine::ModelConfig& mc = w->config;
   struct Case {
     const char* name;
     int batch, prompt, gen;
@@ -184,26 +310,121 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
       {"b1 ctx256 split", 1, 256, 33, "split"}, {"b1 ctx4096", 1, 4096, 17, "auto"},
       {"b32 p128+128", 32, 128, 128, "auto"},   {"b1 prompt 512", 1, 512, 1, "auto"},
   };
-  std::vector<std::vector<double>> decode(std::size(cases)), prefill(std::size(cases));
+  auto selected = [&](const Case& c) {
+    return std::string(c.name).find(only) != std::string::npos;
+  };
+
+  // The engine runs BestIsa() (EngineOptions::isa "auto") on `threads` threads.
+  const kernels::Isa isa = kernels::BestIsa();
+  auto print_roofline = [&](const char* when, const Roofline& r) {
+    std::printf(
+        "roofline %s: FMA peak (%s, threads=%d) %.1f GFLOP/s | read bandwidth (threads=%d) ", when,
+        kernels::IsaName(isa), threads, r.peak_gflops, threads);
+    if (r.read_gbs > 0)
+      std::printf("%.1f GB/s\n", r.read_gbs);
+    else
+      std::printf("n/a (needs AVX2 or AVX-512)\n");
+    std::fflush(stdout);
+  };
+  const Roofline before = MeasureRoofline(isa, threads);
+  print_roofline("before", before);
+
+  struct Figures {
+    double prefill_tps = 0, decode_tps = 0;
+    double prefill_gflops = 0, decode_gflops = 0, decode_gbs = 0, decode_mb_per_step = 0;
+  };
+  std::vector<std::vector<Figures>> figures(std::size(cases));
   for (int rep = 0; rep < reps; ++rep) {
     for (size_t i = 0; i < std::size(cases); ++i) {
       const Case& c = cases[i];
-      if (std::string(c.name).find(only) == std::string::npos) continue;
+      if (!selected(c)) continue;
       Config cfg{c.batch, threads, c.attention, weights};
       cfg.kv = kv;
-      double pf = 0;
-      const double dec = ContextRun(w, cfg, c.prompt, c.gen, &pf);
-      decode[i].push_back(dec);
-      prefill[i].push_back(pf);
-      std::printf("rep %d | %s | prefill %.1f tok/s | decode %.1f tok/s\n", rep, c.name, pf, dec);
-      std::fflush(stdout);
+      const RunResult r = ContextRun(w, cfg, c.prompt, c.gen);
+      if (r.prefill_rows != int64_t{c.batch} * c.prompt) {
+        std::fprintf(stderr, "%s: the steps before the first token ran %lld rows, not %lld\n",
+                     c.name, static_cast<long long>(r.prefill_rows),
+                     static_cast<long long>(int64_t{c.batch} * c.prompt));
+      }
+      Figures f;
+      if (r.prefill_s > 0) {
+        f.prefill_tps = static_cast<double>(c.prompt) * c.batch / r.prefill_s;
+        f.prefill_gflops = PrefillFlops(mc, c.batch, c.prompt) / r.prefill_s / 1e9;
+      }
+      if (r.decode_s > 0) {
+        f.decode_tps = r.decoded / r.decode_s;
+        f.decode_gflops = r.decode_flops / r.decode_s / 1e9;
+        f.decode_gbs = r.decode_bytes / r.decode_s / 1e9;
+        f.decode_mb_per_step = r.decode_bytes / r.decode_steps / 1e6;
+      }
+      figures[i].push_back(f);
+      // Progress only: the lines with the % of the rooflines follow the last measurement.
+      std::fprintf(stderr,
+                   "rep %d | %s | prefill %.1f tok/s | decode %.1f tok/s | prefill %.1f GFLOP/s | "
+                   "decode %.1f GFLOP/s %.1f GB/s\n",
+                   rep, c.name, f.prefill_tps, f.decode_tps, f.prefill_gflops, f.decode_gflops,
+                   f.decode_gbs);
     }
   }
-  std::printf("| case | threads | prefill tok/s | decode tok/s |\n|---|---|---|---|\n");
+
+  const Roofline after = MeasureRoofline(isa, threads);
+  print_roofline("after", after);
+  Roofline mean;
+  mean.peak_gflops = (before.peak_gflops + after.peak_gflops) / 2;
+  mean.read_gbs = (before.read_gbs + after.read_gbs) / 2;
+  std::printf(
+      "roofline used (mean of before and after): FMA peak %.1f GFLOP/s (min %.1f, max "
+      "%.1f) | read bandwidth %.1f GB/s (min %.1f, max %.1f)\n",
+      mean.peak_gflops, std::min(before.peak_gflops, after.peak_gflops),
+      std::max(before.peak_gflops, after.peak_gflops), mean.read_gbs,
+      std::min(before.read_gbs, after.read_gbs), std::max(before.read_gbs, after.read_gbs));
+
+  // Prefill: GFLOP/s and % of the FMA peak. Decode: GFLOP/s and % of the FMA peak (the judge at
+  // batch 32), bytes per step, GB/s and % of the read bandwidth (the judge at batch 1).
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t i = 0; i < std::size(cases); ++i) {
+      const Case& c = cases[i];
+      if (!selected(c)) continue;
+      const Figures& f = figures[i][rep];
+      std::printf(
+          "rep %d | %s | prefill %.1f tok/s | decode %.1f tok/s | prefill %.1f GFLOP/s %s "
+          "peak",
+          rep, c.name, f.prefill_tps, f.decode_tps, f.prefill_gflops,
+          Percent(f.prefill_gflops, mean.peak_gflops).c_str());
+      if (c.gen > 1) {
+        std::printf(" | decode %.1f GFLOP/s %s peak, %.1f MB/step %.1f GB/s %s bw\n",
+                    f.decode_gflops, Percent(f.decode_gflops, mean.peak_gflops).c_str(),
+                    f.decode_mb_per_step, f.decode_gbs,
+                    Percent(f.decode_gbs, mean.read_gbs).c_str());
+      } else {
+        std::printf(" | decode -\n");
+      }
+    }
+  }
+  // Medians over the reps; the % columns set the median against the mean roofline.
+  std::printf(
+      "| case | threads | prefill tok/s | decode tok/s | prefill GFLOP/s | prefill %% peak | "
+      "decode GFLOP/s | decode %% peak | decode MB/step | decode GB/s | decode %% bw |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < std::size(cases); ++i) {
-    if (std::string(cases[i].name).find(only) == std::string::npos) continue;
-    std::printf("| %s | %d | %.1f | %.1f |\n", cases[i].name, threads, Median(prefill[i]),
-                cases[i].gen > 1 ? Median(decode[i]) : 0.0);
+    const Case& c = cases[i];
+    if (!selected(c)) continue;
+    auto median = [&](double Figures::*field) {
+      std::vector<double> v;
+      for (const Figures& f : figures[i]) v.push_back(f.*field);
+      return Median(v);
+    };
+    const double pgf = median(&Figures::prefill_gflops);
+    std::printf("| %s | %d | %.1f | %.1f | %.1f | %s |", c.name, threads,
+                median(&Figures::prefill_tps), c.gen > 1 ? median(&Figures::decode_tps) : 0.0, pgf,
+                Percent(pgf, mean.peak_gflops).c_str());
+    if (c.gen > 1) {
+      const double dgf = median(&Figures::decode_gflops), gbs = median(&Figures::decode_gbs);
+      std::printf(" %.1f | %s | %.1f | %.1f | %s |\n", dgf, Percent(dgf, mean.peak_gflops).c_str(),
+                  median(&Figures::decode_mb_per_step), gbs, Percent(gbs, mean.read_gbs).c_str());
+    } else {
+      std::printf(" - | - | - | - | - |\n");
+    }
   }
   return 0;
 }

@@ -5,9 +5,10 @@
 //                            [--kv-dtype f32|bf16] [--weights f32|bf16] [--case SUBSTRING]
 //
 // --attention-suite: the regimes where attention dominates (docs/benchmarks.md, "Attention"), on
-// a random-weight stories110m shape with an 8,192-token context (written into --work on first
-// use), fp32, greedy: decode tok/s at batch 1 after a 256- and a 4,096-token prompt, prefill tok/s
-// of 512- and 4,096-token prompts (the steps before the first token, default prefill chunking),
+// a random-weight stories110m shape with a 16,448-token context (stories110m-17k, written into
+// --work on first use), fp32, greedy: decode tok/s at batch 1 after a 256-, a 4,096- and a
+// 16,384-token prompt (16 decode steps after the 4,096 and 16,384 ones), prefill tok/s of 512-,
+// 4,096- and 16,384-token prompts (the steps before the first token, default prefill chunking),
 // batch 32 of 128-token prompts + 128 generated tokens (decode steps only), and batch-1 decode at
 // context 256 with the attention kernel forced to single and to split. --kv-dtype / --weights:
 // the KV cache's and the matmul weights' storage; --case: only the cases whose name contains
@@ -58,6 +59,7 @@ struct Config {
   kernels::DType storage = kernels::DType::kF32;
   bool sampled = false;  // T=1 top-p 0.9 instead of greedy (llama-bench compares without sampling)
   kernels::DType kv = kernels::DType::kF32;  // KV cache element type
+  int64_t kv_cache_bytes = int64_t{1} << 30;
 };
 
 using bench::Median;
@@ -76,7 +78,7 @@ std::unique_ptr<engine::CpuEngine> Make(std::shared_ptr<const engine::ModelWeigh
   parts.options.threads = cfg.threads;
   parts.options.attention = cfg.attention;
   parts.options.max_step_tokens = step_tokens;
-  parts.options.kv_cache_bytes = 1ll << 30;
+  parts.options.kv_cache_bytes = cfg.kv_cache_bytes;
   parts.weight_storage = cfg.storage;
   parts.options.kv_dtype = cfg.kv == kernels::DType::kBF16 ? "bf16" : "f32";
   auto e = engine::CpuEngine::Create(std::move(parts));
@@ -191,6 +193,14 @@ double KvBytesAt(const engine::ModelConfig& c, int64_t p, kernels::DType kv) {
   return 2.0 * c.kv_dim() * keys * ElementBytes(kv);
 }
 
+// A KV budget that holds one full-context sequence (the engine refuses less) and at least 1 GiB:
+//   max(1 GiB, 2 x n_layers x kv_dim x ElementBytes(kv) x (max_seq_len rounded up to 64)).
+int64_t SuiteKvCacheBytes(const engine::ModelConfig& c, kernels::DType kv) {
+  const double positions = (c.max_seq_len + 63) / 64 * 64.0;
+  const double full = 2.0 * c.n_layers * c.kv_dim() * ElementBytes(kv) * positions;
+  return std::max<int64_t>(int64_t{1} << 30, static_cast<int64_t>(full));
+}
+
 // What one ContextRun measured.
 struct RunResult {
   double prefill_s = 0, decode_s = 0;
@@ -279,15 +289,17 @@ std::string Percent(double value, double limit) {
 
 int AttentionSuite(const std::string& work, int reps, int threads, kernels::DType kv,
                    kernels::DType weights, const std::string& only) {
-  const std::string path = work + "/stories110m-8k/model.bin";
+  // A context of 16,384 + 64 positions: room for the 16,384-token prompt and its decode steps.
+  constexpr int32_t kContext = 16384 + 64;
+  const std::string dir = work + "/stories110m-17k", path = dir + "/model.bin";
   if (!std::filesystem::exists(path)) {
     auto shape = engine::NamedShape("stories110m");
     if (!shape.ok()) return 1;
-    shape->max_seq_len = 8192;
-    std::filesystem::create_directories(work + "/stories110m-8k");
-    std::fprintf(stderr, "writing random-weight stories110m (8k context) to %s ...\n",
-                 path.c_str());
-    if (!engine::WriteRandomModel(*shape, 1, path, work + "/stories110m-8k/tokenizer.bin").ok()) {
+    shape->max_seq_len = kContext;
+    std::filesystem::create_directories(dir);
+    std::fprintf(stderr, "writing random-weight stories110m (%d-token context) to %s ...\n",
+                 kContext, path.c_str());
+    if (!engine::WriteRandomModel(*shape, 1, path, dir + "/tokenizer.bin").ok()) {
       std::fprintf(stderr, "cannot write the model\n");
       return 1;
     }
@@ -304,11 +316,13 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
     int batch, prompt, gen;
     const char* attention;
   };
-  // The 4,096-token cases report both the prefill of their prompt and the decode after it.
+  // The 4,096- and 16,384-token cases report both the prefill of their prompt and the decode
+  // after it.
   const Case cases[] = {
       {"b1 ctx256", 1, 256, 33, "auto"},        {"b1 ctx256 single", 1, 256, 33, "single"},
       {"b1 ctx256 split", 1, 256, 33, "split"}, {"b1 ctx4096", 1, 4096, 17, "auto"},
       {"b32 p128+128", 32, 128, 128, "auto"},   {"b1 prompt 512", 1, 512, 1, "auto"},
+      {"b1 ctx16384", 1, 16384, 17, "auto"},
   };
   auto selected = [&](const Case& c) {
     return std::string(c.name).find(only) != std::string::npos;
@@ -340,6 +354,7 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
       if (!selected(c)) continue;
       Config cfg{c.batch, threads, c.attention, weights};
       cfg.kv = kv;
+      cfg.kv_cache_bytes = SuiteKvCacheBytes(mc, kv);
       const RunResult r = ContextRun(w, cfg, c.prompt, c.gen);
       if (r.prefill_rows != int64_t{c.batch} * c.prompt) {
         std::fprintf(stderr, "%s: the steps before the first token ran %lld rows, not %lld\n",

@@ -3,8 +3,8 @@
 // one (row, column). Decode-sized calls (<= kWideMaxRows rows) use 1-2 rows x up to kWideNr blocks
 // instead (measured at M = 1: 4 weight streams beat 2, 3 and 8, from DRAM and from cache).
 // Remainder rows/blocks use smaller instantiations of the same template: tile shape never changes
-// bits. Batched-decode calls also prefetch the next weight panel into L2 while the current one is
-// in use (TileLoop); prefetches never change what is computed.
+// bits. Batched-decode and prefill calls also prefetch the next weight panel into L2 while the
+// current one is in use (TileLoop); prefetches never change what is computed.
 
 #include <immintrin.h>
 
@@ -117,14 +117,14 @@ template <int kMaxMr, int kMaxNr, bool kBf16>
 constexpr auto kTable =
     MakeTable<kMaxMr, kMaxNr, kBf16>(std::make_index_sequence<kMaxMr * kMaxNr>());
 
-// prefetch_next: prefetch the next panel into L2 (below). Meant for where the weights come from
-// memory once per call and at least three row groups share each panel: batched decode
-// (kPrefetchMinRows <= M <= kPrefetchMaxRows). Larger calls (prefill chunks) reuse each weight
-// panel over many row tasks from L3, and with fewer rows the panel is consumed faster than one
-// core's memory bandwidth can refill it, so the prefetches there would only add instructions.
-// Measurements: docs/benchmarks.md, "Matmul for batched decode and prefill".
+// prefetch_next: prefetch the next panel into L2 (below), for calls where at least three row
+// groups share each panel (M >= kPrefetchMinRows): batched decode, whose weights come from memory
+// once per call, and prefill chunks, whose first wave of row tasks (one per thread, all on the
+// same cold panels) reads them from memory too while the later tasks find them in L3. With fewer
+// rows the panel is consumed faster than one core's memory bandwidth can refill it, so the
+// prefetches there would only add instructions. Measurements: docs/benchmarks.md, "Matmul for
+// batched decode and prefill" and "Issue 19, round 5".
 constexpr int64_t kPrefetchMinRows = 17;
-constexpr int64_t kPrefetchMaxRows = 64;
 
 template <int kMaxMr, int kMaxNr, bool kBf16>
 void TileLoop(const MatmulParams& p, int64_t row0, int64_t row1, int64_t block0, int64_t block1,
@@ -178,7 +178,7 @@ void MatmulTileAvx512(const MatmulParams& p, int64_t row0, int64_t row1, int64_t
     if (bf16) return TileLoop<kWideMaxRows, kWideNr, true>(p, row0, row1, block0, block1, false);
     return TileLoop<kWideMaxRows, kWideNr, false>(p, row0, row1, block0, block1, false);
   }
-  const bool prefetch_next = p.m >= kPrefetchMinRows && p.m <= kPrefetchMaxRows;
+  const bool prefetch_next = p.m >= kPrefetchMinRows;
   if (bf16) return TileLoop<kMr, kNr, true>(p, row0, row1, block0, block1, prefetch_next);
   return TileLoop<kMr, kNr, false>(p, row0, row1, block0, block1, prefetch_next);
 }

@@ -147,10 +147,10 @@ uint16_t Stored<uint16_t>(float x) {
 
 template <typename T>
 void WriteSlot(const KvCacheOptions& o, unsigned char* kpool, unsigned char* vpool, int32_t slot,
-               const float* k, const float* v) {
+               const float* k, const float* v, int32_t head0, int32_t heads) {
   const int32_t hd = o.head_dim;
   const int32_t bs = o.block_size;
-  for (int32_t h = 0; h < o.n_kv_heads; ++h) {
+  for (int32_t h = head0; h < head0 + heads; ++h) {
     T* kb = reinterpret_cast<T*>(kpool) + int64_t{h} * hd * bs;  // [head_dim][block_size]
     T* vb = reinterpret_cast<T*>(vpool) + int64_t{h} * hd * bs;  // [block_size][head_dim]
     for (int32_t d = 0; d < hd; ++d) {
@@ -161,14 +161,15 @@ void WriteSlot(const KvCacheOptions& o, unsigned char* kpool, unsigned char* vpo
 }
 }  // namespace
 
-void KvCache::Write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
+void KvCache::Write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v,
+                    int32_t head0, int32_t heads) {
   Pool& p = P(layer_pool_[layer]);
   const int64_t base = layer_index_[layer] * p.layer_stride +
                        int64_t{block} * opt_.n_kv_heads * opt_.head_dim * opt_.block_size * elem_;
   if (opt_.dtype == DType::kBF16) {
-    WriteSlot<uint16_t>(opt_, p.k.data() + base, p.v.data() + base, slot, k, v);
+    WriteSlot<uint16_t>(opt_, p.k.data() + base, p.v.data() + base, slot, k, v, head0, heads);
   } else {
-    WriteSlot<float>(opt_, p.k.data() + base, p.v.data() + base, slot, k, v);
+    WriteSlot<float>(opt_, p.k.data() + base, p.v.data() + base, slot, k, v, head0, heads);
   }
 }
 

@@ -33,8 +33,8 @@
 // pages) are never touched, so they cost nothing. The accounting (Allocate / Retain / Release /
 // RefCount) is the same either way.
 //
-// Thread-safety: not thread-safe; owned by one engine. Write() calls for distinct slots may run in
-// parallel.
+// Thread-safety: not thread-safe; owned by one engine. Write() calls for distinct slots or distinct
+// head ranges may run in parallel (split by head range to keep threads off each other's lines).
 #pragma once
 
 #include <cstdint>
@@ -122,8 +122,16 @@ class KvCache {
   const void* k_layer(int32_t layer) const;
   const void* v_layer(int32_t layer) const;
   // Stores one token's k and v (each n_kv_heads * head_dim floats) at `slot` of `block` (a block
-  // of the layer's pool), rounded to bf16 (nearest even) in a bf16 cache.
-  void Write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v);
+  // of the layer's pool), rounded to bf16 (nearest even) in a bf16 cache. The head range form
+  // stores only kv heads [head0, head0 + heads) of them: calls for disjoint head ranges touch
+  // disjoint cache lines, so threads can split a step's writes by head without sharing a line
+  // (a block keeps each head's K as [head_dim][block_size], so the tokens of one block share
+  // every K line of a head). REQUIRES: 0 <= head0, heads >= 0, head0 + heads <= n_kv_heads.
+  void Write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
+    Write(layer, block, slot, k, v, 0, opt_.n_kv_heads);
+  }
+  void Write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v,
+             int32_t head0, int32_t heads);
 
  private:
   explicit KvCache(const KvCacheOptions& options) : opt_(options) {}

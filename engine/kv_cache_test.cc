@@ -114,6 +114,39 @@ TEST(KvCache, Bf16StoresRoundedValuesAndRoundTripsExactly) {
 
 // A split cache: the sliding layers' pool has its own ids, counts and free list; writes land in
 // the layer's pool; CopyBlock / Export / Import act on one pool's layers; bad splits are refused.
+// The head-range writes that threads split a step by (Transformer::WriteKv) store exactly what a
+// whole-row write stores, fp32 and bf16; a range left out shows (the comparison can fail).
+TEST(KvCache, HeadRangeWritesEqualWholeRowWrites) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    KvCacheOptions o = Small();
+    o.n_kv_heads = 3;
+    o.dtype = dtype;
+    auto whole = KvCache::Create(o), split = KvCache::Create(o), partial = KvCache::Create(o);
+    ASSERT_TRUE(whole.ok() && split.ok() && partial.ok());
+    for (KvCache* c : {whole->get(), split->get(), partial->get()}) ASSERT_TRUE(c->Allocate().ok());
+    std::vector<float> k(12), v(12);
+    for (int32_t l = 0; l < 2; ++l) {
+      for (int32_t slot = 0; slot < 16; ++slot) {
+        for (int i = 0; i < 12; ++i) {
+          k[i] = 0.1f * (l * 1000 + slot * 17 + i) + 1e-3f;
+          v[i] = -2.0f * k[i];
+        }
+        (*whole)->Write(l, 0, slot, k.data(), v.data());
+        (*split)->Write(l, 0, slot, k.data(), v.data(), 2, 1);  // heads out of order
+        (*split)->Write(l, 0, slot, k.data(), v.data(), 0, 2);
+        (*partial)->Write(l, 0, slot, k.data(), v.data(), 0, 2);  // head 2 missing
+      }
+    }
+    const int64_t n = (*whole)->block_floats();
+    std::vector<float> a(n), b(n), c(n);
+    (*whole)->ExportBlock(0, a.data());
+    (*split)->ExportBlock(0, b.data());
+    (*partial)->ExportBlock(0, c.data());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0);
+    EXPECT_NE(std::memcmp(a.data(), c.data(), n * sizeof(float)), 0);
+  }
+}
+
 TEST(KvCache, SlidingPoolIsSeparate) {
   KvCacheOptions o = Small();
   o.n_layers = 3;

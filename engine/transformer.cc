@@ -184,6 +184,35 @@ void Transformer::RowOp(int64_t rows, const std::function<void(int64_t)>& fn) {
   });
 }
 
+void Transformer::WriteKv(int32_t l, std::span<const ForwardRow> rows, KvCache* cache) {
+  const ModelConfig& c = w_->config;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t qd = c.q_dim(), kv = c.kv_dim(), qkv_dim = qd + 2 * kv;
+  const int32_t bs = cache->block_size();
+  const bool sliding_pool = cache->pool_of(l) == KvPool::kSliding;
+  auto write = [&](int64_t r, int32_t head0, int32_t heads) {
+    const float* row = qkv_.data() + r * qkv_dim;
+    const int64_t pos = rows[r].position;
+    const int32_t slot = static_cast<int32_t>(pos % bs);
+    if (sliding_pool) {
+      cache->Write(l, rows[r].sliding_table[pos / bs], slot, row + qd, row + qd + kv, head0, heads);
+    } else if (rows[r].write_full_kv) {
+      cache->Write(l, rows[r].block_table[pos / bs], slot, row + qd, row + qd + kv, head0, heads);
+    }
+  };
+  // A row writes one float into each of a head's head_dim K lines of its block, and the rows of
+  // one block share those lines: rows split over threads (as RowOp splits them) would pass every
+  // line back and forth between the cores. Tasks by kv head write disjoint lines, and a task's
+  // rows revisit the same lines of each block while they are still in L1.
+  if (opt_.pool == nullptr || opt_.pool->size() == 1 || n < 2 * kRowsPerTask) {
+    for (int64_t r = 0; r < n; ++r) write(r, 0, c.n_kv_heads);
+    return;
+  }
+  opt_.pool->Run(c.n_kv_heads, [&](int, int64_t h) {
+    for (int64_t r = 0; r < n; ++r) write(r, static_cast<int32_t>(h), 1);
+  });
+}
+
 Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, float* logits) {
   const ModelConfig& c = w_->config;
   const int64_t n = static_cast<int64_t>(rows.size());
@@ -255,14 +284,8 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
       kernels::Rope(isa, row, c.n_heads, hd, cs, sn, c.rope_layout);          // q
       kernels::Rope(isa, row + qd, c.n_kv_heads, hd, cs, sn, c.rope_layout);  // k
       std::memcpy(q_.data() + r * qd, row, qd * sizeof(float));
-      if (sliding_pool) {
-        const int32_t block = rows[r].sliding_table[pos / bs];
-        cache->Write(l, block, static_cast<int32_t>(pos % bs), row + qd, row + qd + kv);
-      } else if (rows[r].write_full_kv) {
-        const int32_t block = rows[r].block_table[pos / bs];
-        cache->Write(l, block, static_cast<int32_t>(pos % bs), row + qd, row + qd + kv);
-      }
     });
+    WriteKv(l, rows, cache);
     kernels::AttentionParams ap;
     ap.n_tokens = static_cast<int32_t>(n);
     ap.n_heads = c.n_heads;

@@ -129,6 +129,9 @@ class Transformer final : public ForwardBackend {
   Transformer() = default;
   void EnsureScratch(int64_t rows);
   void RowOp(int64_t rows, const std::function<void(int64_t)>& fn);
+  // Stores layer l's K/V of rows [0, n) (from qkv_, after RoPE) into `cache`, split over the pool
+  // by kv head (see KvCache::Write).
+  void WriteKv(int32_t l, std::span<const ForwardRow> rows, KvCache* cache);
   void RunMatmul(const kernels::MatmulParams& p);
 
   std::shared_ptr<const ModelWeights> w_;

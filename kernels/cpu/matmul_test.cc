@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/math.h"
@@ -160,8 +161,9 @@ TEST(MatmulTest, BatchedRowsAndPanelsGiveReferenceBits) {
 // The task grid of a pooled call (speed only, so checked as a plan): every row and column block
 // in exactly one task, cut at whole tiles, tasks differing by at most one tile, at most
 // kMaxTaskRows rows per task rounded to the tile, and a task count that is a multiple of the
-// thread count unless the column tiles run out. The old fixed 48-row chunks gave 11 tasks for
-// 512 rows on 2 threads (one thread ran 6 of them): the multiple-of-threads check fails there.
+// thread count unless the column tiles run out. (The old fixed 48-row chunks gave 11 tasks for
+// 512 rows on 2 threads, one thread running 6 of them; a plan without the rounding to a multiple
+// of the thread count fails this test.)
 TEST(MatmulTest, TaskGridCoversEverythingInBalancedTiles) {
   using internal::MatmulGrid;
   int plans = 0;
@@ -176,25 +178,24 @@ TEST(MatmulTest, TaskGridCoversEverythingInBalancedTiles) {
           const std::string what = "tile " + std::to_string(tile.rows) + "x" +
                                    std::to_string(tile.blocks) + " m=" + std::to_string(m) +
                                    " nb=" + std::to_string(nb) + " t=" + std::to_string(threads);
-          ASSERT_EQ(g.RowBegin(0), 0) << what;
-          ASSERT_EQ(g.RowBegin(g.row_tasks), m) << what;
-          ASSERT_EQ(g.BlockBegin(0), 0) << what;
-          ASSERT_EQ(g.BlockBegin(g.col_tasks), nb) << what;
-          int64_t row_min = m, row_max = 0, col_min = nb, col_max = 0;
-          for (int64_t i = 0; i < g.row_tasks; ++i) {
-            const int64_t a = g.RowBegin(i), b = g.RowBegin(i + 1);
-            ASSERT_LT(a, b) << what << " row task " << i;
-            ASSERT_EQ(a % tile.rows, 0) << what;
-            row_min = std::min(row_min, b - a);
-            row_max = std::max(row_max, b - a);
-          }
-          for (int64_t j = 0; j < g.col_tasks; ++j) {
-            const int64_t a = g.BlockBegin(j), b = g.BlockBegin(j + 1);
-            ASSERT_LT(a, b) << what << " column task " << j;
-            ASSERT_EQ(a % tile.blocks, 0) << what;
-            col_min = std::min(col_min, b - a);
-            col_max = std::max(col_max, b - a);
-          }
+          // One direction of the grid: n tasks from begin(0) = 0 to begin(n) = total, each
+          // non-empty and starting on a whole tile; returns the smallest and largest task.
+          auto check = [&](int64_t n, auto begin, int64_t total, int64_t unit) {
+            EXPECT_EQ(begin(0), 0) << what;
+            EXPECT_EQ(begin(n), total) << what;
+            std::pair<int64_t, int64_t> size{total, 0};
+            for (int64_t i = 0; i < n; ++i) {
+              const int64_t a = begin(i), b = begin(i + 1);
+              EXPECT_LT(a, b) << what << " task " << i << " of " << n;
+              EXPECT_EQ(a % unit, 0) << what;
+              size = {std::min(size.first, b - a), std::max(size.second, b - a)};
+            }
+            return size;
+          };
+          const auto [row_min, row_max] = check(
+              g.row_tasks, [&](int64_t i) { return g.RowBegin(i); }, m, tile.rows);
+          const auto [col_min, col_max] = check(
+              g.col_tasks, [&](int64_t j) { return g.BlockBegin(j); }, nb, tile.blocks);
           // At most one tile apart (the last task may also hold a partial tile).
           EXPECT_LT(row_max - row_min, 2 * tile.rows) << what;
           EXPECT_LT(col_max - col_min, 2 * tile.blocks) << what;

@@ -478,8 +478,9 @@ bool SameRows(const Fixture& f, const std::vector<float>& a, const std::vector<f
 // Groups of every size class up to kTileRows (one tile, several tiles walking the chunks in
 // lockstep, a last tile of 1 row), rows whose chunk counts sit around the tile's span of 8 chunks
 // (7, 8, 9, 16, 17, ...), head dims that are not multiples of its 8-wide blocks of d or of its
-// 16 x 16 transposes, GQA, blocks of 16 and 32 keys, sinks, and positions with a gap: every row
-// has the reference's bits.
+// 16 x 16 transposes, GQA, blocks of 16 and 32 keys, sinks, positions with a gap, fp32 and bf16
+// pools (a bf16 pool's spans are widened before the tile reads them): every row has the
+// reference's bits.
 TEST(AttentionTile, EveryGroupGivesTheReferenceBits) {
   if (!IsaSupported(Isa::kAvx512)) {
     std::cerr << "*** attention_test: no avx512; the prefill tile is NOT tested ***\n";
@@ -488,11 +489,12 @@ TEST(AttentionTile, EveryGroupGivesTheReferenceBits) {
   uint32_t seed = 201;
   for (Case c : {Case{4, 2, 64, 16, {}}, Case{2, 1, 20, 32, {}}, Case{2, 2, 3, 16, {}},
                  Case{3, 3, 40, 16, {}}}) {
-    for (bool gap : {false, true}) {
+    for (auto [gap, bf16] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
       c.positions.clear();
       for (int32_t t = 0; t < 300; ++t) c.positions.push_back(gap && t >= 130 ? t + 77 : t);
       Fixture f(c, seed++);
       for (auto& t : f.table_ptrs) t = f.table_ptrs.back();  // one sequence
+      if (bf16) f.UseBf16Kv();
       for (bool sinks : {false, true}) {
         const std::vector<float> sk = window::Sinks(c.n_heads, seed);
         f.p.sinks = sinks ? sk.data() : nullptr;
@@ -504,7 +506,8 @@ TEST(AttentionTile, EveryGroupGivesTheReferenceBits) {
             RunTile(f, first, n, false, &out);
             EXPECT_TRUE(SameRows(f, ref, out, first, n))
                 << "rows " << first << ".." << first + n - 1 << " head_dim " << c.head_dim
-                << " block " << c.block_size << " sinks " << sinks << " gap " << gap;
+                << " block " << c.block_size << " sinks " << sinks << " gap " << gap << " bf16 "
+                << bf16;
           }
         }
       }

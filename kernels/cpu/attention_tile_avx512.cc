@@ -28,9 +28,12 @@
 // spans in lockstep (pass 1 of every tile, then pass 2 of every tile), so a span's K and V are
 // brought in once for all of them; the first tile prefetches each chunk's V and the next chunk's
 // K while it computes scores. The queries and outputs move through 16 x 16 register transposes.
+// A bf16 KV pool: each span's K and V are first widened (exactly, as every reader widens them)
+// into a small fp32 copy that the tile then reads like an fp32 pool.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cpu/attention_internal.h"
 #include "kernels/cpu/math_avx512.h"
@@ -99,11 +102,11 @@ inline void Transpose16(__m512* r) {
   }
 }
 
-// Scores of chunk `base` for the 16 lanes: S[j] lane i = s_j of query i (-inf where invalid).
-// Prefetches the chunk's V rows (pass 2 reads them) and, if k_next, the next chunk's K rows.
-inline void TileScores(const AttentionParams& p, const float (*qt)[16], const float* k,
+// Scores of chunk `base` for the 16 lanes: S[j] lane i = s_j of query i (-inf where invalid);
+// key j's component d is k[d * bs + j]. Prefetches the chunk's V rows (pass 2 reads them) and, if
+// k_next, the next chunk's K rows.
+inline void TileScores(const AttentionParams& p, const float (*qt)[16], const float* k, int64_t bs,
                        const float* v, const float* k_next, const __mmask16* valid, __m512* s) {
-  const int64_t bs = p.block_size;
 #pragma GCC unroll 16
   for (int j = 0; j < 16; ++j) s[j] = _mm512_setzero_ps();
   for (int32_t d = 0; d < p.head_dim; ++d) {
@@ -236,10 +239,12 @@ struct TileRows {
 };
 
 // Addresses of a span's chunks for one kv head: k[i], v[i] for chunk c0 + i; k[n] is the next
-// span's first chunk, or nullptr.
+// span's first chunk, or nullptr. K is read in place (stride block_size) from an fp32 pool, or
+// from a widened copy of the span (stride 16) from a bf16 pool.
 struct SpanAddr {
   const float* k[kSpan + 1];
   const float* v[kSpan];
+  int64_t k_stride;  // floats between a K row's components d and d + 1
 };
 
 void LoadTile(const AttentionParams& p, int32_t first, int32_t n, int32_t head, TileRows* t) {
@@ -297,7 +302,7 @@ void Pass1(const AttentionParams& p, const SpanAddr& addr, int32_t c0, int32_t c
     sc.v = addr.v[i];
 
     __m512 s[16];
-    TileScores(p, t->qt, addr.k[i], prefetch ? addr.v[i] : nullptr,
+    TileScores(p, t->qt, addr.k[i], addr.k_stride, prefetch ? addr.v[i] : nullptr,
                prefetch ? addr.k[i + 1] : nullptr, sc.valid, s);
     const __m512 m = Tree(s, MaxKeep16);
     __m512 e[16];
@@ -372,23 +377,53 @@ void Tiles(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
     LoadTile(p, f, std::min(kTileQueries, first + n - f), head, &tiles[i]);
     n_chunks = std::max(n_chunks, tiles[i].n_chunks);
   }
-  // Addresses of chunk c's K and V rows for this kv head.
-  auto chunk_k = [&](int32_t c, const float** v) {
+  const int32_t hd = p.head_dim;
+  // Element offsets of chunk c's K and V rows for this kv head (K: [head_dim][block_size] from
+  // the chunk's first key, V: [key][head_dim]).
+  auto chunk_at = [&](int32_t c, int64_t* v) {
     const int32_t base = c * kAttentionChunk;
     const int32_t block = blocks[base / p.block_size];
     const int64_t head_block = (static_cast<int64_t>(block) * p.n_kv_heads + kvh) *
-                               static_cast<int64_t>(p.head_dim) * p.block_size;
+                               static_cast<int64_t>(hd) * p.block_size;
     const int32_t offset = base % p.block_size;
-    *v = static_cast<const float*>(p.v_cache) + head_block +
-         static_cast<int64_t>(offset) * p.head_dim;
-    return static_cast<const float*>(p.k_cache) + head_block + offset;
+    *v = head_block + static_cast<int64_t>(offset) * hd;
+    return head_block + offset;
   };
+  // A bf16 pool: each span's K and V are widened (exactly) into this copy first, K as
+  // [head_dim][16], V as [16][head_dim] per chunk; the tile then reads the same values as from
+  // an fp32 pool holding them, so the bits are those of the fp32 path on the rounded values.
+  const bool bf16 = p.kv_dtype == DType::kBF16;
+  const int64_t chunk_floats = int64_t{kAttentionChunk} * hd;
+  thread_local std::vector<float> widened;
+  if (bf16 && static_cast<int64_t>(widened.size()) < 2 * kSpan * chunk_floats) {
+    widened.resize(2 * kSpan * chunk_floats);
+  }
   SpanAddr addr;
+  addr.k_stride = bf16 ? kAttentionChunk : p.block_size;
   for (int32_t c0 = 0; c0 < n_chunks; c0 += kSpan) {
     const int32_t span_n = std::min(kSpan, n_chunks - c0);
-    for (int32_t i = 0; i < span_n; ++i) addr.k[i] = chunk_k(c0 + i, &addr.v[i]);
-    const float* unused;
-    addr.k[span_n] = c0 + span_n < n_chunks ? chunk_k(c0 + span_n, &unused) : nullptr;
+    for (int32_t i = 0; i < span_n; ++i) {
+      int64_t v_at;
+      const int64_t k_at = chunk_at(c0 + i, &v_at);
+      if (!bf16) {
+        addr.k[i] = static_cast<const float*>(p.k_cache) + k_at;
+        addr.v[i] = static_cast<const float*>(p.v_cache) + v_at;
+        continue;
+      }
+      float* k = widened.data() + 2 * i * chunk_floats;
+      float* v = k + chunk_floats;
+      const uint16_t* kb = static_cast<const uint16_t*>(p.k_cache) + k_at;
+      const uint16_t* vb = static_cast<const uint16_t*>(p.v_cache) + v_at;
+      for (int32_t d = 0; d < hd; ++d)
+        _mm512_storeu_ps(k + d * 16, LoadBf16x16(kb + d * p.block_size));
+      for (int64_t x = 0; x < chunk_floats; x += 16) _mm512_storeu_ps(v + x, LoadBf16x16(vb + x));
+      addr.k[i] = k;
+      addr.v[i] = v;
+    }
+    int64_t unused;
+    addr.k[span_n] = c0 + span_n < n_chunks && !bf16
+                         ? static_cast<const float*>(p.k_cache) + chunk_at(c0 + span_n, &unused)
+                         : nullptr;
     // The last tile (usually the most chunks) runs first and brings the span's K and V in; the
     // others find them in cache.
     bool prefetch = true;

@@ -221,13 +221,7 @@ struct Item {
   int32_t head;
 };
 
-// The first key of token t's window (0 for full attention).
-inline int32_t WindowLo(const AttentionParams& p, int32_t token) {
-  if (p.window <= 0) return 0;
-  const int32_t anchor =
-      p.test_window_anchor != nullptr ? p.test_window_anchor[token] : p.positions[token];
-  return std::max(0, anchor - p.window + 1);
-}
+using internal::WindowLo;
 
 // Token t's chunks: FirstChunk .. positions[t] / S, NumChunks of them.
 inline int32_t FirstChunk(const AttentionParams& p, int32_t token) {

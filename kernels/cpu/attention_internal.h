@@ -58,12 +58,23 @@ void MergePartialsAvx2(int32_t head_dim, int32_t n, AttentionPartial* const* acc
 void MergePartialsAvx512(int32_t head_dim, int32_t n, AttentionPartial* const* acc,
                          const AttentionPartial* c);
 
-// The prefill tile (AVX-512, fp32 K/V, full attention: window 0): the items (tokens first ..
-// first + n - 1, head `head`), consecutive rows of one sequence (one block table), one query per
-// lane of every register; writes their outputs. Each row gets the bits of the single-worker walk
-// (the canonical order of attention.h, lane by lane; attention_tile_avx512.cc). 1 <= n <=
-// kTileRows: the rows run as tiles of kTileQueries that walk the chunks in lockstep, so each
-// chunk's K/V is brought in once for all of them.
+// The first key of token t's window: max(0, anchor - W + 1), anchor = positions[t] (or
+// test_window_anchor[t]); 0 for full attention. Its chunk, lo / kAttentionChunk, is the token's
+// first chunk.
+inline int32_t WindowLo(const AttentionParams& p, int32_t token) {
+  if (p.window <= 0) return 0;
+  const int32_t anchor =
+      p.test_window_anchor != nullptr ? p.test_window_anchor[token] : p.positions[token];
+  return anchor - p.window + 1 > 0 ? anchor - p.window + 1 : 0;
+}
+
+// The prefill tile (AVX-512, fp32 or bf16 K/V, full attention or a sliding window, with or
+// without sinks): the items (tokens first .. first + n - 1, head `head`), consecutive rows of one
+// sequence (one block table), one query per lane of every register; writes their outputs. Each
+// row gets the bits of the single-worker walk (the canonical order of attention.h, lane by lane;
+// attention_tile_avx512.cc). 1 <= n <= kTileRows: the rows run as tiles of kTileQueries that walk
+// the chunks in lockstep from the earliest first chunk of their windows, so each chunk's K/V is
+// brought in once for all of them.
 inline constexpr int32_t kTileQueries = 16;
 inline constexpr int32_t kTileRows = 64;
 void AttentionTileAvx512(const AttentionParams& p, int32_t first, int32_t n, int32_t head);

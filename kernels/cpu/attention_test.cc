@@ -515,6 +515,92 @@ TEST(AttentionTile, EveryGroupGivesTheReferenceBits) {
   }
 }
 
+// Sliding windows through the tile: W from 1 key to more than a span of chunks, not multiples
+// of the chunk (so windows start inside chunks and lanes of one tile start at different chunks),
+// with and without sinks, windows anchored at the positions or (the test anchor) a few keys
+// before them, groups of every size class from rows 0 and deep into a long sequence (the tiles
+// start their walk past chunk 0), fp32 and bf16 pools: every row has the reference's bits.
+TEST(AttentionTile, WindowedGroupsGiveTheReferenceBits) {
+  if (!IsaSupported(Isa::kAvx512)) {
+    std::cerr << "*** attention_test: no avx512; the windowed prefill tile is NOT tested ***\n";
+    return;
+  }
+  uint32_t seed = 301;
+  constexpr int32_t kRows = 600;
+  for (Case c : {Case{4, 2, 64, 16, {}}, Case{2, 1, 20, 32, {}}, Case{2, 2, 3, 16, {}}}) {
+    for (bool bf16 : {false, true}) {
+      c.positions.clear();
+      for (int32_t t = 0; t < kRows; ++t) c.positions.push_back(t);
+      Fixture f(c, seed++);
+      for (auto& t : f.table_ptrs) t = f.table_ptrs.back();  // one sequence
+      if (bf16) f.UseBf16Kv();
+      std::vector<int32_t> anchor(kRows);
+      for (int32_t t = 0; t < kRows; ++t) anchor[t] = std::max(0, t - t % 5);
+      const std::vector<float> sk = window::Sinks(c.n_heads, seed);
+      for (int32_t w : {1, 8, 20, 37, 64, 200}) {
+        for (bool sinks : {false, true}) {
+          for (bool anchored : {false, true}) {
+            f.p.window = w;
+            f.p.sinks = sinks ? sk.data() : nullptr;
+            f.p.test_window_anchor = anchored ? anchor.data() : nullptr;
+            const std::vector<float> ref = f.Reference();
+            for (int32_t first : {0, 3, 111, 236, 517, 536}) {
+              for (int32_t n : {1, 4, 15, 16, 17, 33, 48, 63, 64}) {
+                if (first + n > kRows) continue;
+                std::vector<float> out(ref.size(), -1.0f);
+                RunTile(f, first, n, false, &out);
+                EXPECT_TRUE(SameRows(f, ref, out, first, n))
+                    << "rows " << first << ".." << first + n - 1 << " W " << w << " head_dim "
+                    << c.head_dim << " block " << c.block_size << " sinks " << sinks << " anchored "
+                    << anchored << " bf16 " << bf16;
+              }
+            }
+          }
+        }
+      }
+      f.p.window = 0;
+      f.p.sinks = nullptr;
+      f.p.test_window_anchor = nullptr;
+    }
+  }
+}
+
+// A key just before some lanes' windows, in a chunk that the tile walks for other lanes, holds an
+// infinite value: the lanes whose window excludes it must not touch it (the scalar loop skips
+// it), so their rows keep the reference's (finite) bits. Plain fmas with p = 0 there would give
+// 0 * inf = NaN: the tile's unmasked fast path must not run on a chunk where a window starts.
+TEST(AttentionTile, KeysBeforeAWindowDoNotReachItsRows) {
+  if (!IsaSupported(Isa::kAvx512)) {
+    std::cerr << "*** attention_test: no avx512; the windowed prefill tile is NOT tested ***\n";
+    return;
+  }
+  Case c{4, 2, 64, 16, {}};
+  for (int32_t t = 0; t < 400; ++t) c.positions.push_back(t);
+  Fixture f(c, 221);
+  for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
+  constexpr int32_t kKey = 250, kW = 37;  // in the windows of rows 250 .. 286 only
+  const int64_t blk = f.tables.back()[kKey / c.block_size], slot = kKey % c.block_size;
+  for (int32_t kvh = 0; kvh < c.n_kv_heads; ++kvh) {
+    float* v = f.v.data() + (blk * c.n_kv_heads + kvh) * c.head_dim * c.block_size;
+    for (int32_t d = 0; d < c.head_dim; ++d) {
+      v[slot * c.head_dim + d] = std::numeric_limits<float>::infinity();
+    }
+  }
+  f.p.window = kW;
+  const std::vector<float> sk = window::Sinks(c.n_heads, 223);
+  for (bool sinks : {false, true}) {
+    f.p.sinks = sinks ? sk.data() : nullptr;
+    const std::vector<float> ref = f.Reference();
+    std::vector<float> out(ref.size(), -1.0f);
+    RunTile(f, 280, 64, false, &out);  // rows 280 .. 286 see the key, 287 .. 343 do not
+    EXPECT_TRUE(SameRows(f, ref, out, kKey + kW, 344 - kKey - kW)) << "sinks " << sinks;
+    const int64_t row = int64_t{c.n_heads} * c.head_dim;
+    for (int64_t i = (kKey + kW) * row; i < 344 * row; ++i) {
+      ASSERT_TRUE(std::isfinite(ref[i])) << i;
+    }
+  }
+}
+
 // Negative control for the tile: its o update o * a + o_c * b done as one fma (o_c * b not
 // rounded on its own) instead of two multiplies and an add. The memcmp check above must see it,
 // while the result is still attention (only the rounding differs).
@@ -538,6 +624,26 @@ TEST(AttentionTile, NegativeControlFusedOUpdateChangesBits) {
   for (int64_t i = 236 * row; i < 300 * row; ++i) {
     ASSERT_NEAR(broken[i], ref[i], 1e-5 * (1 + std::fabs(ref[i]))) << i;
   }
+}
+
+// The same negative control through a sliding window (W = 37, deep in the sequence).
+TEST(AttentionTile, NegativeControlFusedOUpdateChangesWindowedBits) {
+  if (!IsaSupported(Isa::kAvx512)) {
+    std::cerr << "*** attention_test: no avx512; the tile's negative control is NOT run ***\n";
+    return;
+  }
+  Case c{4, 2, 64, 16, {}};
+  for (int32_t t = 0; t < 300; ++t) c.positions.push_back(t);
+  Fixture f(c, 213);
+  for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
+  f.p.window = 37;
+  const std::vector<float> ref = f.Reference();
+  std::vector<float> good(ref.size(), -1.0f), broken(ref.size(), -1.0f);
+  RunTile(f, 236, 64, false, &good);
+  RunTile(f, 236, 64, true, &broken);
+  EXPECT_TRUE(SameRows(f, ref, good, 236, 64));
+  EXPECT_FALSE(SameRows(f, ref, broken, 236, 64))
+      << "a fused o update should not reproduce the canonical windowed bits";
 }
 
 TEST(AttentionWindow, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) {

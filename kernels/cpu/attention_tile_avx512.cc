@@ -3,16 +3,19 @@
 //
 // deterministic: the canonical order of attention.h, lane i = query i, every step vertical:
 //   s_j   = fma chain over d of q_i[d] * K[j][d] (register S[j], 16 of them), then * scale;
-//           keys beyond a query's causal edge are -inf (the scalar code's mask);
+//           keys beyond a query's causal edge, or before its window's first key lo (sliding
+//           window W > 0), are -inf (the scalar code's mask);
 //   m_c   = the ReduceMax16 tree over j on copies of S[j]: T[j] = max(T[j + w], T[j]) for
 //           w = 8, 4, 2, 1, which is MaxKeep(T[j], T[j + w]) lane by lane;
 //   p_j   = Exp16(s_j - m_c) where valid, 0 elsewhere; l_c = the ReduceSum16 tree over j;
 //   o_c[d]= fma chain over the valid j in order, from 0 (masked fma: a lane past its edge keeps
 //           its accumulator, as the scalar loop stops there);
 //   merge = MergePartial's steps lane by lane (std::max emulated exactly, two Exp, the l and o
-//           updates as separate multiplies and an add); the first chunk without sinks is copied,
-//           not merged (the running state starts as chunk 0's partial); sinks start the state at
-//           (m = sink, l = 1, o = 0);
+//           updates as separate multiplies and an add); without sinks a lane's first chunk
+//           (lo / 16, which differs from lane to lane with a window) is copied, not merged (its
+//           running state starts as that chunk's partial); sinks start the state at (m = sink,
+//           l = 1, o = 0) and every chunk merges; a lane keeps its state in the chunks outside
+//           its first .. last chunk;
 //   out   = o[d] / l.
 // Each lane therefore performs the scalar reference's operations on the same operands in the same
 // order: a query's bits do not depend on which other queries share its tile (tested with memcmp
@@ -28,6 +31,9 @@
 // spans in lockstep (pass 1 of every tile, then pass 2 of every tile), so a span's K and V are
 // brought in once for all of them; the first tile prefetches each chunk's V and the next chunk's
 // K while it computes scores. The queries and outputs move through 16 x 16 register transposes.
+// With a window the spans start at the earliest first chunk of the tiles' rows (never at chunk 0:
+// a long prefill with a small window does O(n * W) work), and each tile skips the chunks before
+// its own rows' earliest first chunk.
 // A bf16 KV pool: each span's K and V are first widened (exactly, as every reader widens them)
 // into a small fp32 copy that the tile then reads like an fp32 pool.
 #include <immintrin.h>
@@ -61,10 +67,11 @@ struct SpanChunk {
   alignas(64) float p[16][16];  // p[j][lane]: p_j of each lane's query (0 where not valid)
   __m512 a, b;                  // the merge factors of MergePartial (unused when copy)
   const float* v;               // V rows of the chunk: v[j * head_dim + d]
-  __mmask16 valid[16];          // lanes at or past key j
-  __mmask16 live;               // lanes whose query reaches this chunk
-  bool copy;                    // first chunk without sinks: the state starts as its partial
-  bool masked;                  // some real lane stops inside the chunk
+  __mmask16 valid[16];          // lanes whose window (lo .. position) holds key j
+  __mmask16 live;               // lanes whose window reaches into this chunk
+  __mmask16 copy;               // live lanes whose first chunk this is, without sinks: their
+                                // state starts as its partial (the other live lanes merge)
+  bool masked;                  // some real lane's window starts or stops inside the chunk
 };
 
 // r[i] lane x <- r[x] lane i: a 16 x 16 transpose (moves only, no arithmetic).
@@ -151,11 +158,11 @@ inline __m512 Add16(__m512 a, __m512 b) {
 
 // Pass 2 for NC consecutive chunks of a span and the block d0 .. d0 + NB of o (in registers):
 // each chunk's o_c chains (independent, interleaved), then the chunks' o updates in chunk order:
-// copy, or o * a + o_c * b (separate multiplies and an add), on the chunk's live lanes.
-// kMasked: a lane past its causal edge keeps its accumulator (masked fma), as the scalar loop
-// stops there; without it every key of the NC chunks is valid in every real lane (plain fmas,
-// the same operations there). kFusedBreak (tests only): the o update as one fma instead, the
-// wrong order that the tests must catch.
+// copy on the chunk's copy lanes, o * a + o_c * b (separate multiplies and an add) on its other
+// live lanes. kMasked: a lane's invalid key (past its causal edge, or before its window) keeps
+// its accumulator (masked fma), as the scalar loop skips it; without it every key of the NC
+// chunks is valid in every real lane (plain fmas, the same operations there). kFusedBreak (tests
+// only): the o update as one fma instead, the wrong order that the tests must catch.
 template <int NB, int NC, bool kMasked, bool kFusedBreak>
 inline void SpanValues(int32_t hd, int32_t d0, const SpanChunk* ch, __m512* o) {
   __m512 acc[NC][NB];
@@ -190,15 +197,19 @@ inline void SpanValues(int32_t hd, int32_t d0, const SpanChunk* ch, __m512* o) {
     const SpanChunk& k = ch[c];
 #pragma GCC unroll 8
     for (int x = 0; x < NB; ++x) {
-      __m512 merged = acc[c][x];
-      if (!k.copy) {
+      const __mmask16 merge = k.live & static_cast<__mmask16>(~k.copy);
+      if (merge != 0) {
+        __m512 merged;
         if constexpr (kFusedBreak) {
           merged = _mm512_fmadd_ps(acc[c][x], k.b, _mm512_mul_ps(o[x], k.a));
         } else {
           merged = _mm512_add_ps(_mm512_mul_ps(o[x], k.a), _mm512_mul_ps(acc[c][x], k.b));
         }
+        o[x] = merge == 0xFFFF ? merged : _mm512_mask_mov_ps(o[x], merge, merged);
       }
-      o[x] = k.live == 0xFFFF ? merged : _mm512_mask_mov_ps(o[x], k.live, merged);
+      if (k.copy != 0) {
+        o[x] = k.copy == 0xFFFF ? acc[c][x] : _mm512_mask_mov_ps(o[x], k.copy, acc[c][x]);
+      }
     }
   }
 }
@@ -235,7 +246,10 @@ struct TileRows {
   TileState st;
   SpanChunk span[kSpan];
   __m512i vpos;  // each lane's query position (-1 for a lane past the tile's rows)
-  int32_t first, n, min_pos, n_chunks;
+  __m512i vlo;   // each lane's window lo (its first valid key; 0 without a window)
+  // n_chunks: 1 + the last chunk of any row; first_chunk: the earliest first chunk of any row;
+  // max_lo: the latest window start of any row.
+  int32_t first, n, min_pos, max_lo, first_chunk, n_chunks;
 };
 
 // Addresses of a span's chunks for one kv head: k[i], v[i] for chunk c0 + i; k[n] is the next
@@ -250,17 +264,27 @@ struct SpanAddr {
 void LoadTile(const AttentionParams& p, int32_t first, int32_t n, int32_t head, TileRows* t) {
   const int32_t hd = p.head_dim;
   alignas(64) int32_t pos[16];
+  alignas(64) int32_t lo[16];
   int32_t max_pos = 0;
   t->first = first;
   t->n = n;
   t->min_pos = p.positions[first];
+  t->max_lo = WindowLo(p, first);
+  int32_t min_lo = t->max_lo;
   for (int32_t i = 0; i < 16; ++i) {
     pos[i] = i < n ? p.positions[first + i] : -1;  // a lane past n is never valid
+    lo[i] = i < n ? WindowLo(p, first + i) : 0;
     max_pos = std::max(max_pos, pos[i]);
-    if (i < n) t->min_pos = std::min(t->min_pos, pos[i]);
+    if (i < n) {
+      t->min_pos = std::min(t->min_pos, pos[i]);
+      t->max_lo = std::max(t->max_lo, lo[i]);
+      min_lo = std::min(min_lo, lo[i]);
+    }
   }
   t->vpos = _mm512_load_si512(pos);
+  t->vlo = _mm512_load_si512(lo);
   t->n_chunks = max_pos / kAttentionChunk + 1;
+  t->first_chunk = min_lo / kAttentionChunk;
   const int64_t row_stride = static_cast<int64_t>(p.n_heads) * hd;
   const float* q0 =
       p.q + static_cast<int64_t>(first) * row_stride + static_cast<int64_t>(head) * hd;
@@ -281,29 +305,36 @@ void LoadTile(const AttentionParams& p, int32_t first, int32_t n, int32_t head, 
   for (int32_t d = 0; d < hd; ++d) _mm512_store_ps(t->st.o[d], _mm512_setzero_ps());
 }
 
-// Pass 1 over chunks c0 .. c0 + cnt - 1 of tile t: scores, p_j, l_c and the merge's m, l, a, b
-// of every chunk, in chunk order. With `prefetch`, each chunk's V and the next chunk's K are
+// Pass 1 over chunks c0 + i0 .. c0 + i0 + cnt - 1 of tile t (the span starting at chunk c0,
+// from its i0-th chunk), into t->span[0 .. cnt): scores, p_j, l_c and the merge's m, l, a, b of
+// every chunk, in chunk order. With `prefetch`, each chunk's V and the next chunk's K are
 // prefetched while its scores run.
-void Pass1(const AttentionParams& p, const SpanAddr& addr, int32_t c0, int32_t cnt, bool prefetch,
-           TileRows* t) {
+void Pass1(const AttentionParams& p, const SpanAddr& addr, int32_t c0, int32_t i0, int32_t cnt,
+           bool prefetch, TileRows* t) {
   const bool sink = p.sinks != nullptr;
   TileState& st = t->st;
   for (int32_t i = 0; i < cnt; ++i) {
-    const int32_t c = c0 + i;
+    const int32_t a = i0 + i;  // the chunk's index in the span
+    const int32_t c = c0 + a;
     const int32_t base = c * kAttentionChunk;
     SpanChunk& sc = t->span[i];
-    // Lanes whose query reaches this chunk, and per key j the lanes at or past it.
-    sc.live = _mm512_cmpge_epi32_mask(t->vpos, _mm512_set1_epi32(base));
+    // Lanes whose window reaches into this chunk (lo <= its last key, position >= its first),
+    // and per key j the lanes whose window holds it (lo <= base + j <= position).
+    sc.live = _mm512_cmpge_epi32_mask(t->vpos, _mm512_set1_epi32(base)) &
+              _mm512_cmplt_epi32_mask(t->vlo, _mm512_set1_epi32(base + kAttentionChunk));
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) {
-      sc.valid[j] = _mm512_cmpge_epi32_mask(t->vpos, _mm512_set1_epi32(base + j));
+      sc.valid[j] = _mm512_cmpge_epi32_mask(t->vpos, _mm512_set1_epi32(base + j)) &
+                    _mm512_cmple_epi32_mask(t->vlo, _mm512_set1_epi32(base + j));
     }
-    sc.masked = base + kAttentionChunk - 1 > t->min_pos;
-    sc.v = addr.v[i];
+    // A live lane with lo >= base starts its window in this chunk: without sinks it copies.
+    sc.copy = sink ? 0 : sc.live & _mm512_cmpge_epi32_mask(t->vlo, _mm512_set1_epi32(base));
+    sc.masked = base + kAttentionChunk - 1 > t->min_pos || t->max_lo > base;
+    sc.v = addr.v[a];
 
     __m512 s[16];
-    TileScores(p, t->qt, addr.k[i], addr.k_stride, prefetch ? addr.v[i] : nullptr,
-               prefetch ? addr.k[i + 1] : nullptr, sc.valid, s);
+    TileScores(p, t->qt, addr.k[a], addr.k_stride, prefetch ? addr.v[a] : nullptr,
+               prefetch ? addr.k[a + 1] : nullptr, sc.valid, s);
     const __m512 m = Tree(s, MaxKeep16);
     __m512 e[16];
 #pragma GCC unroll 16
@@ -315,18 +346,18 @@ void Pass1(const AttentionParams& p, const SpanAddr& addr, int32_t c0, int32_t c
 
     // The merge's scalars, lane by lane (MergePartial: m' = std::max(acc.m, m) = acc.m < m ?
     // m : acc.m; a = Exp(acc.m - m'); b = Exp(m - m'); l' = acc.l * a + l * b).
-    sc.copy = c == 0 && !sink;
-    if (sc.copy) {
-      st.m = _mm512_mask_mov_ps(st.m, sc.live, m);
-      st.l = _mm512_mask_mov_ps(st.l, sc.live, l);
-    } else {
+    // Copy lanes take the chunk's m and l; the other live lanes merge; the rest keep theirs.
+    const __mmask16 merge = sc.live & static_cast<__mmask16>(~sc.copy);
+    if (merge != 0) {
       const __m512 mn = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(st.m, m, _CMP_LT_OQ), st.m, m);
       sc.a = Exp16(_mm512_sub_ps(st.m, mn));
       sc.b = Exp16(_mm512_sub_ps(m, mn));
       const __m512 ln = _mm512_add_ps(_mm512_mul_ps(st.l, sc.a), _mm512_mul_ps(l, sc.b));
-      st.l = _mm512_mask_mov_ps(st.l, sc.live, ln);
-      st.m = _mm512_mask_mov_ps(st.m, sc.live, mn);
+      st.l = _mm512_mask_mov_ps(st.l, merge, ln);
+      st.m = _mm512_mask_mov_ps(st.m, merge, mn);
     }
+    st.m = _mm512_mask_mov_ps(st.m, sc.copy, m);
+    st.l = _mm512_mask_mov_ps(st.l, sc.copy, l);
   }
 }
 
@@ -371,11 +402,12 @@ void Tiles(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
   const int32_t* blocks = p.block_tables[first];
   const int32_t n_tiles = (n + kTileQueries - 1) / kTileQueries;
   TileRows tiles[kMaxTiles];
-  int32_t n_chunks = 0;
+  int32_t n_chunks = 0, first_chunk = 0;
   for (int32_t i = 0; i < n_tiles; ++i) {
     const int32_t f = first + i * kTileQueries;
     LoadTile(p, f, std::min(kTileQueries, first + n - f), head, &tiles[i]);
     n_chunks = std::max(n_chunks, tiles[i].n_chunks);
+    first_chunk = i == 0 ? tiles[i].first_chunk : std::min(first_chunk, tiles[i].first_chunk);
   }
   const int32_t hd = p.head_dim;
   // Element offsets of chunk c's K and V rows for this kv head (K: [head_dim][block_size] from
@@ -400,7 +432,7 @@ void Tiles(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
   }
   SpanAddr addr;
   addr.k_stride = bf16 ? kAttentionChunk : p.block_size;
-  for (int32_t c0 = 0; c0 < n_chunks; c0 += kSpan) {
+  for (int32_t c0 = first_chunk; c0 < n_chunks; c0 += kSpan) {
     const int32_t span_n = std::min(kSpan, n_chunks - c0);
     for (int32_t i = 0; i < span_n; ++i) {
       int64_t v_at;
@@ -426,15 +458,22 @@ void Tiles(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
                          : nullptr;
     // The last tile (usually the most chunks) runs first and brings the span's K and V in; the
     // others find them in cache.
+    // A tile walks the span's chunks from its own first chunk to its last.
+    auto tile_chunks = [&](const TileRows& t, int32_t* i0) {
+      *i0 = std::max(0, t.first_chunk - c0);
+      return std::min(span_n, t.n_chunks - c0) - *i0;
+    };
     bool prefetch = true;
     for (int32_t i = n_tiles - 1; i >= 0; --i) {
-      const int32_t cnt = std::min(span_n, tiles[i].n_chunks - c0);
+      int32_t i0;
+      const int32_t cnt = tile_chunks(tiles[i], &i0);
       if (cnt <= 0) continue;
-      Pass1(p, addr, c0, cnt, prefetch, &tiles[i]);
+      Pass1(p, addr, c0, i0, cnt, prefetch, &tiles[i]);
       prefetch = false;
     }
     for (int32_t i = 0; i < n_tiles; ++i) {
-      const int32_t cnt = std::min(span_n, tiles[i].n_chunks - c0);
+      int32_t i0;
+      const int32_t cnt = tile_chunks(tiles[i], &i0);
       if (cnt > 0) Pass2<kFusedBreak>(p.head_dim, cnt, &tiles[i]);
     }
   }

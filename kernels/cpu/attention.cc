@@ -361,10 +361,11 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   }
   if (static_cast<int64_t>(s->partials.size()) < n_partials) s->partials.resize(n_partials);
 
-  // Prefill tiles: with AVX-512 and full attention, a group of at least kMinTileQueries rows runs
-  // as tiles of up to kTileRows rows, one query per lane (the same bits; a bf16 pool's K/V are
-  // widened span by span).
-  const bool tiles = isa == Isa::kAvx512 && p.window <= 0;
+  // Prefill tiles: with AVX-512, a group of at least kMinTileQueries rows runs as tiles of up to
+  // kTileRows rows, one query per lane (the same bits; a bf16 pool's K/V are widened span by
+  // span; with a sliding window each lane walks only its window's chunks, from its own first
+  // chunk, with or without sinks).
+  const bool tiles = isa == Isa::kAvx512;
   const int32_t group_max = tiles ? internal::kTileRows : kGroupQueries;
 
   // Phase 1 tasks, three int32 each. Single-worker groups {first token, tokens, head}: runs of up

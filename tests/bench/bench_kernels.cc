@@ -5,8 +5,9 @@
 // --attention runs only the attention cases (stories110m heads: 12 x 64, block size 16): decode
 // at batch 1 (contexts 256, 4,096 and 16,384) and batch 32 (contexts 129-255), also with a bf16
 // KV pool ("bf16kv"; KV GB/s counts the K/V bytes a decode row streams), and prefill of 512 and
-// 4,096 rows of one sequence in 256-row calls as the engine chunks them, with the single-worker,
-// split-tail and auto kernels on 1 and 2 threads; --attention=CASE only the cases whose name
+// 4,096 rows of one sequence in 256-row calls as the engine chunks them (also with a sliding
+// window of 128 and 1,024 keys: "W128", "W1024"), with the single-worker, split-tail and auto
+// kernels on 1 and 2 threads; --attention=CASE only the cases whose name
 // contains CASE (e.g. --attention=decode). The KV pool: each sequence's blocks take every other
 // block id, interleaved with the other sequences' (a busy cache), or with --kv-consecutive
 // consecutive ids (one sequence in a fresh cache). --kv-hugepages: madvise(MADV_HUGEPAGE) on the
@@ -117,6 +118,7 @@ struct AttentionCase {
   std::vector<int32_t> sequence;   // the sequence (block table) of each row
   int32_t rows_per_call;
   bk::DType kv = bk::DType::kF32;  // the KV pool's element type
+  int32_t window = 0;              // sliding window W (0 = full attention)
 };
 
 int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecutive,
@@ -148,6 +150,12 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
       c.positions.push_back(t);
       c.sequence.push_back(0);
     }
+    cases.push_back(c);
+  }
+  for (int32_t w : {128, 1024}) {  // the 4,096-row prefill through a sliding window
+    AttentionCase c = cases.back();
+    c.name = w == 128 ? "prefill 4096 W128" : "prefill 4096 W1024";
+    c.window = w;
     cases.push_back(c);
   }
   std::printf("\n%-27s %6s %3s %11s %9s %9s\n", "attention", "kernel", "thr", "us/call", "GFLOP/s",
@@ -187,7 +195,9 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
     double flops = 0, kv_bytes = 0;  // K/V bytes: each decode row reads its whole context
     for (int64_t i = 0; i < n; ++i) {
       row_tables[i] = tables[c.sequence[i]].data();
-      flops += 4.0 * kHeads * kHeadDim * (c.positions[i] + 1);
+      const int32_t keys = c.window > 0 ? std::min(c.window, c.positions[i] + 1)
+                                        : c.positions[i] + 1;  // the keys it attends to
+      flops += 4.0 * kHeads * kHeadDim * keys;
       kv_bytes += 2.0 * elem * kHeads * kHeadDim * (c.positions[i] + 1);
     }
     if (c.rows_per_call > 1 && c.sequence.back() == 0) kv_bytes = 0;  // prefill: not a stream
@@ -218,6 +228,7 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
                 p.positions = c.positions.data() + r0;
                 p.block_tables = row_tables.data() + r0;
                 p.scale = 0.125f;
+                p.window = c.window;
                 bk::Attention(isa, p, kernel, &pool, &scratch);
               }
             },

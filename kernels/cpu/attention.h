@@ -27,11 +27,13 @@
 // is such a group of queries of one head, or (decode rows, each alone in its sequence, when there
 // are at least as many as workers) a group of up to 8 heads of one row, whose chunks of one block
 // are adjacent in the pool; a split task is a run of consecutive chunks of one item.
-// Prefill tile (AVX-512, fp32 K/V, full attention): up to 16 consecutive rows of one sequence and
-// head run with one query per register lane, so the 16 scores of one key, the max and sum trees,
-// the exponentials, the value chains and the merge are all vertical operations, lane by lane the
-// canonical ones; up to 4 tiles of consecutive rows walk the chunks in lockstep, sharing each
-// chunk's K/V loads, and keep o in registers across a few chunks (attention_tile_avx512.cc).
+// Prefill tile (AVX-512, fp32 or bf16 K/V, full attention or a sliding window, with or without
+// sinks): up to 16 consecutive rows of one sequence and head run with one query per register
+// lane, so the 16 scores of one key, the max and sum trees, the exponentials, the value chains
+// and the merge are all vertical operations, lane by lane the canonical ones (with a window each
+// lane masks the keys before its lo and starts at its own first chunk); up to 4 tiles of
+// consecutive rows walk the chunks in lockstep from their rows' earliest first chunk, sharing
+// each chunk's K/V loads, and keep o in registers across a few chunks (attention_tile_avx512.cc).
 // How items and chunks are grouped into tasks is a scheduling choice and never changes a bit.
 //
 // ISA: the scalar, AVX2 and AVX-512 versions of the per-chunk code perform the same operations in

@@ -657,7 +657,7 @@ TEST(AttentionWindow, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) {
         for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
       }
       if (bf16) f.UseBf16Kv();
-      for (int32_t w : {0, 1, 8, 20, 37}) {  // 0: full attention (the AVX-512 prefill tile)
+      for (int32_t w : {0, 1, 8, 20, 37}) {  // 0: full; prefill rows: the AVX-512 tile at any W
         for (bool sinks : {false, true}) {
           const std::vector<float> sk = window::Sinks(c.n_heads, seed + w);
           f.p.window = w;
@@ -709,7 +709,7 @@ TEST(AttentionWindow, RowDoesNotDependOnTheCallsOtherRows) {
   Fixture f(window::PrefillCase(4, 2, 16, 16, 70), 81);
   for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
   const std::vector<float> sk = window::Sinks(4, 5);
-  for (int32_t w : {20, 0}) {  // 0: full attention, rows in AVX-512 tiles of 16 cut anywhere
+  for (int32_t w : {20, 0}) {  // 0: full attention; both run in AVX-512 tiles of 16 cut anywhere
     f.p.window = w;
     f.p.sinks = sk.data();
     CheckRowsAlone(f);

@@ -163,7 +163,7 @@ inline __m512 Add16(__m512 a, __m512 b) {
 // its accumulator (masked fma), as the scalar loop skips it; without it every key of the NC
 // chunks is valid in every real lane (plain fmas, the same operations there). kFusedBreak (tests
 // only): the o update as one fma instead, the wrong order that the tests must catch.
-template <int NB, int NC, bool kMasked, bool kFusedBreak>
+template <int NB, int NC, bool kMasked, bool kFusedBreak, bool kWindow>
 inline void SpanValues(int32_t hd, int32_t d0, const SpanChunk* ch, __m512* o) {
   __m512 acc[NC][NB];
 #pragma GCC unroll 2
@@ -195,6 +195,21 @@ inline void SpanValues(int32_t hd, int32_t d0, const SpanChunk* ch, __m512* o) {
 #pragma GCC unroll 2
   for (int c = 0; c < NC; ++c) {
     const SpanChunk& k = ch[c];
+    if constexpr (!kWindow) {  // full attention: every live lane copies, or every one merges
+#pragma GCC unroll 8
+      for (int x = 0; x < NB; ++x) {
+        __m512 merged = acc[c][x];
+        if (k.copy == 0) {
+          if constexpr (kFusedBreak) {
+            merged = _mm512_fmadd_ps(acc[c][x], k.b, _mm512_mul_ps(o[x], k.a));
+          } else {
+            merged = _mm512_add_ps(_mm512_mul_ps(o[x], k.a), _mm512_mul_ps(acc[c][x], k.b));
+          }
+        }
+        o[x] = k.live == 0xFFFF ? merged : _mm512_mask_mov_ps(o[x], k.live, merged);
+      }
+      continue;
+    }
 #pragma GCC unroll 8
     for (int x = 0; x < NB; ++x) {
       const __mmask16 merge = k.live & static_cast<__mmask16>(~k.copy);
@@ -216,7 +231,7 @@ inline void SpanValues(int32_t hd, int32_t d0, const SpanChunk* ch, __m512* o) {
 
 // Pass 2 over the n chunks of a span for o[d0 .. d0 + NB): o loaded once, the chunks in order
 // (two at a time: 2 x NB independent chains), o stored once.
-template <int NB, bool kFusedBreak>
+template <int NB, bool kFusedBreak, bool kWindow>
 inline void SpanBlock(int32_t hd, int32_t d0, const SpanChunk* ch, int32_t n, TileState* st) {
   __m512 o[NB];
 #pragma GCC unroll 8
@@ -224,16 +239,16 @@ inline void SpanBlock(int32_t hd, int32_t d0, const SpanChunk* ch, int32_t n, Ti
   int32_t c = 0;
   for (; c + 2 <= n; c += 2) {
     if (ch[c].masked || ch[c + 1].masked) {
-      SpanValues<NB, 2, true, kFusedBreak>(hd, d0, ch + c, o);
+      SpanValues<NB, 2, true, kFusedBreak, kWindow>(hd, d0, ch + c, o);
     } else {
-      SpanValues<NB, 2, false, kFusedBreak>(hd, d0, ch + c, o);
+      SpanValues<NB, 2, false, kFusedBreak, kWindow>(hd, d0, ch + c, o);
     }
   }
   if (c < n) {
     if (ch[c].masked) {
-      SpanValues<NB, 1, true, kFusedBreak>(hd, d0, ch + c, o);
+      SpanValues<NB, 1, true, kFusedBreak, kWindow>(hd, d0, ch + c, o);
     } else {
-      SpanValues<NB, 1, false, kFusedBreak>(hd, d0, ch + c, o);
+      SpanValues<NB, 1, false, kFusedBreak, kWindow>(hd, d0, ch + c, o);
     }
   }
 #pragma GCC unroll 8
@@ -308,7 +323,9 @@ void LoadTile(const AttentionParams& p, int32_t first, int32_t n, int32_t head, 
 // Pass 1 over chunks c0 + i0 .. c0 + i0 + cnt - 1 of tile t (the span starting at chunk c0,
 // from its i0-th chunk), into t->span[0 .. cnt): scores, p_j, l_c and the merge's m, l, a, b of
 // every chunk, in chunk order. With `prefetch`, each chunk's V and the next chunk's K are
-// prefetched while its scores run.
+// prefetched while its scores run. kWindow: the rows have sliding windows (lanes start at
+// different chunks); without it every lane starts at chunk 0 and only the causal edge masks.
+template <bool kWindow>
 void Pass1(const AttentionParams& p, const SpanAddr& addr, int32_t c0, int32_t i0, int32_t cnt,
            bool prefetch, TileRows* t) {
   const bool sink = p.sinks != nullptr;
@@ -320,16 +337,24 @@ void Pass1(const AttentionParams& p, const SpanAddr& addr, int32_t c0, int32_t i
     SpanChunk& sc = t->span[i];
     // Lanes whose window reaches into this chunk (lo <= its last key, position >= its first),
     // and per key j the lanes whose window holds it (lo <= base + j <= position).
-    sc.live = _mm512_cmpge_epi32_mask(t->vpos, _mm512_set1_epi32(base)) &
-              _mm512_cmplt_epi32_mask(t->vlo, _mm512_set1_epi32(base + kAttentionChunk));
+    sc.live = _mm512_cmpge_epi32_mask(t->vpos, _mm512_set1_epi32(base));
+    if constexpr (kWindow) {
+      sc.live &= _mm512_cmplt_epi32_mask(t->vlo, _mm512_set1_epi32(base + kAttentionChunk));
+    }
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) {
-      sc.valid[j] = _mm512_cmpge_epi32_mask(t->vpos, _mm512_set1_epi32(base + j)) &
-                    _mm512_cmple_epi32_mask(t->vlo, _mm512_set1_epi32(base + j));
+      sc.valid[j] = _mm512_cmpge_epi32_mask(t->vpos, _mm512_set1_epi32(base + j));
+      if constexpr (kWindow) {
+        sc.valid[j] &= _mm512_cmple_epi32_mask(t->vlo, _mm512_set1_epi32(base + j));
+      }
     }
     // A live lane with lo >= base starts its window in this chunk: without sinks it copies.
-    sc.copy = sink ? 0 : sc.live & _mm512_cmpge_epi32_mask(t->vlo, _mm512_set1_epi32(base));
-    sc.masked = base + kAttentionChunk - 1 > t->min_pos || t->max_lo > base;
+    if constexpr (kWindow) {
+      sc.copy = sink ? 0 : sc.live & _mm512_cmpge_epi32_mask(t->vlo, _mm512_set1_epi32(base));
+    } else {
+      sc.copy = c == 0 && !sink ? sc.live : 0;
+    }
+    sc.masked = base + kAttentionChunk - 1 > t->min_pos || (kWindow && t->max_lo > base);
     sc.v = addr.v[a];
 
     __m512 s[16];
@@ -356,18 +381,20 @@ void Pass1(const AttentionParams& p, const SpanAddr& addr, int32_t c0, int32_t i
       st.l = _mm512_mask_mov_ps(st.l, merge, ln);
       st.m = _mm512_mask_mov_ps(st.m, merge, mn);
     }
-    st.m = _mm512_mask_mov_ps(st.m, sc.copy, m);
-    st.l = _mm512_mask_mov_ps(st.l, sc.copy, l);
+    if (sc.copy != 0) {
+      st.m = _mm512_mask_mov_ps(st.m, sc.copy, m);
+      st.l = _mm512_mask_mov_ps(st.l, sc.copy, l);
+    }
   }
 }
 
 // Pass 2 over the first cnt chunks of tile t's span: the value chains and the o updates, in
 // chunk order, per block of d with that block of o in registers.
-template <bool kFusedBreak>
+template <bool kFusedBreak, bool kWindow>
 void Pass2(int32_t hd, int32_t cnt, TileRows* t) {
   int32_t d0 = 0;
-  for (; d0 + 8 <= hd; d0 += 8) SpanBlock<8, kFusedBreak>(hd, d0, t->span, cnt, &t->st);
-  for (; d0 < hd; ++d0) SpanBlock<1, kFusedBreak>(hd, d0, t->span, cnt, &t->st);
+  for (; d0 + 8 <= hd; d0 += 8) SpanBlock<8, kFusedBreak, kWindow>(hd, d0, t->span, cnt, &t->st);
+  for (; d0 < hd; ++d0) SpanBlock<1, kFusedBreak, kWindow>(hd, d0, t->span, cnt, &t->st);
 }
 
 // out = o[d] / l per lane, transposed back to rows 16 d at a time.
@@ -395,7 +422,7 @@ void StoreTile(const AttentionParams& p, int32_t head, const TileRows& t) {
 // Rows first .. first + n - 1 (n <= kTileRows) as tiles of 16 consecutive rows walking their
 // chunks in lockstep: span by span, pass 1 of every tile, then pass 2 of every tile, so that the
 // span's K and V come from memory once for all the tiles. The tiles never read each other's state.
-template <bool kFusedBreak>
+template <bool kFusedBreak, bool kWindow>
 void Tiles(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
   constexpr int32_t kMaxTiles = kTileRows / kTileQueries;
   const int32_t kvh = head / (p.n_heads / p.n_kv_heads);
@@ -468,13 +495,13 @@ void Tiles(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
       int32_t i0;
       const int32_t cnt = tile_chunks(tiles[i], &i0);
       if (cnt <= 0) continue;
-      Pass1(p, addr, c0, i0, cnt, prefetch, &tiles[i]);
+      Pass1<kWindow>(p, addr, c0, i0, cnt, prefetch, &tiles[i]);
       prefetch = false;
     }
     for (int32_t i = 0; i < n_tiles; ++i) {
       int32_t i0;
       const int32_t cnt = tile_chunks(tiles[i], &i0);
-      if (cnt > 0) Pass2<kFusedBreak>(p.head_dim, cnt, &tiles[i]);
+      if (cnt > 0) Pass2<kFusedBreak, kWindow>(p.head_dim, cnt, &tiles[i]);
     }
   }
   for (int32_t i = 0; i < n_tiles; ++i) StoreTile(p, head, tiles[i]);
@@ -483,12 +510,14 @@ void Tiles(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
 }  // namespace
 
 void AttentionTileAvx512(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
-  Tiles<false>(p, first, n, head);
+  if (p.window > 0) return Tiles<false, true>(p, first, n, head);
+  Tiles<false, false>(p, first, n, head);
 }
 
 void AttentionTileAvx512FusedForTest(const AttentionParams& p, int32_t first, int32_t n,
                                      int32_t head) {
-  Tiles<true>(p, first, n, head);
+  if (p.window > 0) return Tiles<true, true>(p, first, n, head);
+  Tiles<true, false>(p, first, n, head);
 }
 
 }  // namespace bitroll::kernels::internal

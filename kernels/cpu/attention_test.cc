@@ -602,48 +602,32 @@ TEST(AttentionTile, KeysBeforeAWindowDoNotReachItsRows) {
 }
 
 // Negative control for the tile: its o update o * a + o_c * b done as one fma (o_c * b not
-// rounded on its own) instead of two multiplies and an add. The memcmp check above must see it,
-// while the result is still attention (only the rounding differs).
+// rounded on its own) instead of two multiplies and an add. The memcmp checks above must see it,
+// while the result is still attention (only the rounding differs). Full attention (window 0)
+// and a sliding window (W = 37, deep in the sequence): the tile's two instantiations.
 TEST(AttentionTile, NegativeControlFusedOUpdateChangesBits) {
   if (!IsaSupported(Isa::kAvx512)) {
     std::cerr << "*** attention_test: no avx512; the tile's negative control is NOT run ***\n";
     return;
   }
-  Case c{4, 2, 64, 16, {}};
-  for (int32_t t = 0; t < 300; ++t) c.positions.push_back(t);
-  Fixture f(c, 211);
-  for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
-  const std::vector<float> ref = f.Reference();
-  std::vector<float> good(ref.size(), -1.0f), broken(ref.size(), -1.0f);
-  RunTile(f, 236, 64, false, &good);
-  RunTile(f, 236, 64, true, &broken);
-  EXPECT_TRUE(SameRows(f, ref, good, 236, 64));
-  EXPECT_FALSE(SameRows(f, ref, broken, 236, 64))
-      << "a fused o update should not reproduce the canonical bits";
-  const int64_t row = int64_t{c.n_heads} * c.head_dim;
-  for (int64_t i = 236 * row; i < 300 * row; ++i) {
-    ASSERT_NEAR(broken[i], ref[i], 1e-5 * (1 + std::fabs(ref[i]))) << i;
+  for (int32_t window : {0, 37}) {
+    Case c{4, 2, 64, 16, {}};
+    for (int32_t t = 0; t < 300; ++t) c.positions.push_back(t);
+    Fixture f(c, window == 0 ? 211 : 213);
+    for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
+    f.p.window = window;
+    const std::vector<float> ref = f.Reference();
+    std::vector<float> good(ref.size(), -1.0f), broken(ref.size(), -1.0f);
+    RunTile(f, 236, 64, false, &good);
+    RunTile(f, 236, 64, true, &broken);
+    EXPECT_TRUE(SameRows(f, ref, good, 236, 64)) << "window " << window;
+    EXPECT_FALSE(SameRows(f, ref, broken, 236, 64))
+        << "a fused o update should not reproduce the canonical bits, window " << window;
+    const int64_t row = int64_t{c.n_heads} * c.head_dim;
+    for (int64_t i = 236 * row; i < 300 * row; ++i) {
+      ASSERT_NEAR(broken[i], ref[i], 1e-5 * (1 + std::fabs(ref[i]))) << i << " window " << window;
+    }
   }
-}
-
-// The same negative control through a sliding window (W = 37, deep in the sequence).
-TEST(AttentionTile, NegativeControlFusedOUpdateChangesWindowedBits) {
-  if (!IsaSupported(Isa::kAvx512)) {
-    std::cerr << "*** attention_test: no avx512; the tile's negative control is NOT run ***\n";
-    return;
-  }
-  Case c{4, 2, 64, 16, {}};
-  for (int32_t t = 0; t < 300; ++t) c.positions.push_back(t);
-  Fixture f(c, 213);
-  for (auto& t : f.table_ptrs) t = f.table_ptrs.back();
-  f.p.window = 37;
-  const std::vector<float> ref = f.Reference();
-  std::vector<float> good(ref.size(), -1.0f), broken(ref.size(), -1.0f);
-  RunTile(f, 236, 64, false, &good);
-  RunTile(f, 236, 64, true, &broken);
-  EXPECT_TRUE(SameRows(f, ref, good, 236, 64));
-  EXPECT_FALSE(SameRows(f, ref, broken, 236, 64))
-      << "a fused o update should not reproduce the canonical windowed bits";
 }
 
 TEST(AttentionWindow, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) {

@@ -30,9 +30,7 @@ using namespace std::chrono_literals;
 using namespace coordinator_testing;
 
 TEST(CoordinatorTest, ManyPromptGroupSendsItsRequestOncePerReplica) {
-  CoordinatorOptions o;
-  o.replica_bind = "tcp://127.0.0.1:*";
-  o.submit.vocab_size = 512;
+  CoordinatorOptions o = FakeReplicaOptions();
   Server s = StartServer(0, o);
   zmq::context_t ctx(1);
   zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "small",
@@ -98,10 +96,8 @@ TEST(CoordinatorTest, ManyPromptGroupSendsItsRequestOncePerReplica) {
 // A replica that says hello again, or one that takes over a dead replica's work, holds no
 // request yet: the work goes with the request, byte for byte the same.
 TEST(CoordinatorTest, RejoinedAndTakeoverReplicasGetTheRequest) {
-  CoordinatorOptions o;
-  o.replica_bind = "tcp://127.0.0.1:*";
+  CoordinatorOptions o = FakeReplicaOptions();
   o.replica_timeout_ms = 1000;
-  o.submit.vocab_size = 512;
   Server s = StartServer(0, o);
   zmq::context_t ctx(1);
   zmq::socket_t a = FakeReplica(ctx, s.coord->replica_endpoint(), "a");
@@ -141,9 +137,7 @@ TEST(CoordinatorTest, RejoinedAndTakeoverReplicasGetTheRequest) {
 // A replica that does not hold a request its items name sends them back (ReplicaRefused,
 // kProtocol); the coordinator queues them again with the request, and the group completes.
 TEST(CoordinatorTest, RefusedItemsGoAgainWithTheirRequestAndComplete) {
-  CoordinatorOptions o;
-  o.replica_bind = "tcp://127.0.0.1:*";
-  o.submit.vocab_size = 512;
+  CoordinatorOptions o = FakeReplicaOptions();
   Server s = StartServer(0, o);
   zmq::context_t ctx(1);
   zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "forgetful");
@@ -187,9 +181,7 @@ TEST(CoordinatorTest, RefusedItemsGoAgainWithTheirRequestAndComplete) {
 // but for the Cost fields the coordinator sets in place (queue time, price, ...). Setting them
 // back to the replica's values gives the replica's bytes again, memcmp-equal.
 TEST(CoordinatorTest, ClientGetsTheReplicasBytesWithOnlyTheCostSet) {
-  CoordinatorOptions o;
-  o.replica_bind = "tcp://127.0.0.1:*";
-  o.submit.vocab_size = 512;
+  CoordinatorOptions o = FakeReplicaOptions();
   o.price.replica_hour_usd = 3.6;
   Server s = StartServer(0, o);
   zmq::context_t ctx(1);
@@ -249,9 +241,7 @@ TEST(CoordinatorTest, ClientGetsTheReplicasBytesWithOnlyTheCostSet) {
 // A final turn that comes without its client envelope (a replica's fault) reaches the client as a
 // typed Protocol error; the group still completes.
 TEST(CoordinatorTest, AFinalTurnWithoutItsEnvelopeIsAProtocolError) {
-  CoordinatorOptions o;
-  o.replica_bind = "tcp://127.0.0.1:*";
-  o.submit.vocab_size = 512;
+  CoordinatorOptions o = FakeReplicaOptions();
   Server s = StartServer(0, o);
   zmq::context_t ctx(1);
   zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "fake");
@@ -289,11 +279,8 @@ TEST(CoordinatorTest, AFinalTurnWithoutItsEnvelopeIsAProtocolError) {
 // unknown again.
 TEST(CoordinatorTest, ReplicaRefusesUnknownRequestsAndForgetsOnRequest) {
   zmq::context_t ctx(1);
-  zmq::socket_t router(ctx, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  router.set(zmq::sockopt::rcvtimeo, kTimeoutMs);
-  router.bind("tcp://127.0.0.1:*");
-  const std::string ep = router.get(zmq::sockopt::last_endpoint);
+  std::string ep;
+  zmq::socket_t router = BoundRouter(ctx, &ep);
   std::atomic<bool> stop{false};
   NullEngine eng({});
   std::thread replica([&] { EXPECT_TRUE(RunReplica(eng, ctx, ep, ReplicaOptions{}, stop).ok()); });
@@ -378,9 +365,7 @@ TEST(CoordinatorTest, ReplicaRefusesUnknownRequestsAndForgetsOnRequest) {
 // What one replica is made to keep is bounded (kMaxHeldRequests): past it, with every kept
 // request still in use there, a request goes transient (used by its message only, not kept).
 TEST(CoordinatorTest, HeldRequestsStayWithinTheBound) {
-  CoordinatorOptions o;
-  o.replica_bind = "tcp://127.0.0.1:*";
-  o.submit.vocab_size = 512;
+  CoordinatorOptions o = FakeReplicaOptions();
   o.max_queued = 100000;
   Server s = StartServer(0, o);
   zmq::context_t ctx(1);
@@ -416,10 +401,8 @@ TEST(CoordinatorTest, HeldRequestsStayWithinTheBound) {
 // (RequestStore), never gets an item naming a request it does not keep, keeps no more requests
 // than there are live groups, and ends with none; every group completes.
 TEST(CoordinatorTest, RandomScheduleNeverNamesAnUnknownRequest) {
-  CoordinatorOptions o;
-  o.replica_bind = "tcp://127.0.0.1:*";
+  CoordinatorOptions o = FakeReplicaOptions();
   o.replica_timeout_ms = 1000;  // a restarted fake's old connection
-  o.submit.vocab_size = 512;
   Server s = StartServer(0, o);
   zmq::context_t ctx(1);
   zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "random",

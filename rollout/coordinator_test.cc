@@ -286,10 +286,8 @@ TEST(CoordinatorTest, ClientDisconnectMidGroupCancelsItsWork) {
 }
 
 TEST(CoordinatorTest, SilentReplicaTimesOutAndItsWorkMoves) {
-  CoordinatorOptions o;
-  o.replica_bind = "tcp://127.0.0.1:*";
+  CoordinatorOptions o = FakeReplicaOptions();
   o.replica_timeout_ms = 1000;  // well above the 100 ms heartbeat, even on a loaded CI box
-  o.submit.vocab_size = 512;
   Server s = StartServer(0, o);
   zmq::context_t ctx(1);
   zmq::socket_t fake = FakeReplica(ctx, s.coord->replica_endpoint(), "silent");
@@ -377,11 +375,8 @@ TEST(CoordinatorTest, ReplicaOfAnotherProtocolVersionGetsTypedError) {
 // The replica side: a coordinator's kProtocol refusal ends RunReplica with that error.
 TEST(CoordinatorTest, RefusedReplicaReturnsTheProtocolError) {
   zmq::context_t ctx(1);
-  zmq::socket_t router(ctx, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  router.set(zmq::sockopt::rcvtimeo, kTimeoutMs);
-  router.bind("tcp://127.0.0.1:*");
-  const std::string ep = router.get(zmq::sockopt::last_endpoint);
+  std::string ep;
+  zmq::socket_t router = BoundRouter(ctx, &ep);
   std::atomic<bool> stop{false};
   NullEngine eng({});
   Status ended;
@@ -454,10 +449,8 @@ TEST(CoordinatorTest, UpdateWeightsDrainAndVersions) {
 // no replica, or when every replica dies before answering, the update gets a typed error and the
 // live version does not move.
 TEST(CoordinatorTest, UpdateNoReplicaInstalledIsNotAcked) {
-  CoordinatorOptions o;
-  o.replica_bind = "tcp://127.0.0.1:*";
+  CoordinatorOptions o = FakeReplicaOptions();
   o.replica_timeout_ms = 1000;
-  o.submit.vocab_size = 512;
   Server s = StartServer(0, o);
   auto client = Connect(s.endpoint);
   auto none = client->UpdateWeights("w3", 3, /*drain=*/false, kTimeoutMs);

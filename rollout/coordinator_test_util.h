@@ -45,6 +45,26 @@ inline Server StartServer(int replicas, CoordinatorOptions o = {}, NullEngineOpt
   return s;
 }
 
+// Options of a coordinator that takes remote replicas on an ephemeral port and accepts the fake
+// replicas' vocabulary of 512.
+inline CoordinatorOptions FakeReplicaOptions() {
+  CoordinatorOptions o;
+  o.replica_bind = "tcp://127.0.0.1:*";
+  o.submit.vocab_size = 512;
+  return o;
+}
+
+// The coordinator side of a replica link for tests that drive RunReplica: a ROUTER bound on an
+// ephemeral port (its endpoint in *endpoint), receives timing out after kTimeoutMs.
+inline zmq::socket_t BoundRouter(zmq::context_t& ctx, std::string* endpoint) {
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.set(zmq::sockopt::rcvtimeo, kTimeoutMs);
+  router.bind("tcp://127.0.0.1:*");
+  *endpoint = router.get(zmq::sockopt::last_endpoint);
+  return router;
+}
+
 inline std::unique_ptr<Client> Connect(const std::string& ep) {
   ClientOptions co;
   co.endpoint = ep;

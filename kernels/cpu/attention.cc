@@ -2,6 +2,7 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -265,8 +266,10 @@ inline ChunkJob JobOf(const AttentionParams& p, Item it, int32_t rel) {
 // merges them left to right as they are produced. The items only share the task: their chunks are
 // computed kMaxChunkJobs at a time (the same chunk of several queries, or consecutive chunks of one
 // query), and each partial is merged into its own item's state in chunk order, so every item gets
-// the bits of a one-item, one-chunk-at-a-time walk.
-void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_queries) {
+// the bits of a one-item, one-chunk-at-a-time walk. With `start`, each item resumes that walk
+// after its first `resume` chunks: start[i] is item i's running state after them.
+void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_queries,
+               const AttentionPartial* start = nullptr, int32_t resume = 0) {
   AttentionPartial acc[kGroupQueries];
   AttentionPartial parts[kMaxChunkJobs];
   ChunkJob jobs[kMaxChunkJobs];
@@ -278,7 +281,11 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
   for (int32_t i = 0; i < n_queries; ++i) {
     n_chunks[i] = NumChunks(p, items[i].token);
     max_chunks = std::max(max_chunks, n_chunks[i]);
-    if (sink) SinkPartial(p, items[i].head, &acc[i]);
+    if (start != nullptr) {
+      CopyPartial(p.head_dim, start[i], &acc[i]);
+    } else if (sink) {
+      SinkPartial(p, items[i].head, &acc[i]);
+    }
   }
   int32_t n_jobs = 0;
   auto flush = [&] {
@@ -309,7 +316,7 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
     }
     n_jobs = 0;
   };
-  for (int32_t c = 0; c < max_chunks; ++c) {  // the jobs chunk-major, then query by query
+  for (int32_t c = resume; c < max_chunks; ++c) {  // the jobs chunk-major, then query by query
     for (int32_t i = 0; i < n_queries; ++i) {
       if (c >= n_chunks[i]) continue;
       jobs[n_jobs] = JobOf(p, items[i], c);
@@ -368,28 +375,70 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   const bool tiles = isa == Isa::kAvx512;
   const int32_t group_max = tiles ? internal::kTileRows : kGroupQueries;
 
-  // Phase 1 tasks, three int32 each. Single-worker groups {first token, tokens, head}: runs of up
-  // to group_max consecutive tokens of one head and one sequence (same block table), none of
-  // them split. Then the split chunk groups {-1 - split index, first chunk, chunks}: up to
-  // kMaxChunkJobs consecutive chunks of one split item (fewer when the item has few chunks, so
-  // that its chunks still spread over the workers).
+  // Phase 1 tasks, four int32 each, {kind, a, b, c}:
+  //   kRowsTask {first token, tokens, head}: up to group_max consecutive tokens of one head and
+  //     one sequence (same block table), none of them split;
+  //   kHeadsTask {token, heads, first head}: consecutive heads of a decode row (below);
+  //   kSiblingsTask {first entry of sibling_rows, rows, head}: one head of a sibling group (below);
+  //   kSplitTask {split index, first chunk, chunks}: up to kMaxChunkJobs consecutive chunks of one
+  //     split item (fewer when the item has few chunks, so that its chunks still spread over the
+  //     workers).
+  enum : int32_t { kRowsTask, kHeadsTask, kSiblingsTask, kSplitTask };
   std::vector<int32_t>& tasks = s->tasks;
   tasks.clear();
-  // A token alone in its sequence within the call (decode) has no rows to group with: when there
-  // are at least as many such tokens as workers, its heads are grouped instead, {token, -heads,
-  // first head}: runs of up to head_group consecutive heads (the heads cut evenly), none of them
-  // split, whose chunks are computed together (a block's heads are adjacent in the pool).
-  int32_t n_alone = 0;
   auto alone = [&](int32_t t) {
     return (t == 0 || p.block_tables[t - 1] != p.block_tables[t]) &&
            (t + 1 == p.n_tokens || p.block_tables[t + 1] != p.block_tables[t]);
   };
-  for (int32_t t = 0; t < p.n_tokens; ++t) n_alone += alone(t) ? 1 : 0;
-  const bool head_groups = n_alone >= workers;
+  // Sibling groups: decode rows alone in their sequence whose first chunks are the same chunk of
+  // the same block (GRPO samples of one prompt, which share its blocks) run one head of up to
+  // kGroupQueries rows per task, walking the chunks together, so a shared chunk is brought in once
+  // for all of them. Each row still walks its own block table and its own chunks in order.
+  std::vector<int32_t>& sibling_rows = s->sibling_rows;
+  std::vector<uint8_t>& in_sibling_group = s->in_sibling_group;
+  std::vector<std::array<int32_t, 3>>& order = s->sibling_order;
+  sibling_rows.clear();
+  in_sibling_group.assign(p.n_tokens, 0);
+  order.clear();
+  // Up to kTileRows siblings per task where the tile runs their shared chunks.
+  const int32_t sibling_max = tiles && p.window <= 0 ? internal::kTileRows : kGroupQueries;
+  for (int32_t t = 0; t < p.n_tokens && kernel != AttentionKernel::kSplit; ++t) {
+    if (!alone(t)) continue;
+    const int32_t first = FirstChunk(p, t);
+    order.push_back({p.block_tables[t][first * kAttentionChunk / p.block_size], first, t});
+  }
+  std::sort(order.begin(), order.end());
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i + 1;
+    while (j < order.size() && order[j][0] == order[i][0] && order[j][1] == order[i][1]) ++j;
+    const int32_t run = static_cast<int32_t>(j - i);
+    const int32_t groups = run >= 2 ? (run + sibling_max - 1) / sibling_max : 0;
+    for (int32_t g = 0; g < groups; ++g) {  // the run cut evenly
+      const size_t begin = i + static_cast<size_t>(g) * run / groups;
+      const size_t end = i + static_cast<size_t>(g + 1) * run / groups;
+      const int32_t offset = static_cast<int32_t>(sibling_rows.size());
+      for (size_t k = begin; k < end; ++k) {
+        sibling_rows.push_back(order[k][2]);
+        in_sibling_group[order[k][2]] = 1;
+      }
+      for (int32_t h = 0; h < p.n_heads; ++h) {
+        tasks.insert(tasks.end(), {kSiblingsTask, offset, static_cast<int32_t>(end - begin), h});
+      }
+    }
+    i = j;
+  }
+  // A token alone in its sequence within the call (decode) and without siblings has no rows to
+  // group with: when there are at least as many such tokens as workers, its heads are grouped
+  // instead: runs of up to head_group consecutive heads (the heads cut evenly), none of them
+  // split, whose chunks are computed together (a block's heads are adjacent in the pool).
+  auto lone = [&](int32_t t) { return alone(t) && !in_sibling_group[t]; };
+  int32_t n_lone = 0;
+  for (int32_t t = 0; t < p.n_tokens; ++t) n_lone += lone(t) ? 1 : 0;
+  const bool head_groups = n_lone >= workers;
   const int32_t n_head_groups = (p.n_heads + kGroupQueries - 1) / kGroupQueries;
   const int32_t head_group = (p.n_heads + n_head_groups - 1) / n_head_groups;
   for (int32_t t = 0; t < p.n_tokens && head_groups; ++t) {
-    if (!alone(t)) continue;
+    if (!lone(t)) continue;
     const int64_t row = static_cast<int64_t>(t) * p.n_heads;
     for (int32_t h = 0; h < p.n_heads;) {
       if (is_split[row + h]) {
@@ -398,15 +447,16 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
       }
       int32_t n = 1;
       while (n < head_group && h + n < p.n_heads && !is_split[row + h + n]) ++n;
-      tasks.insert(tasks.end(), {t, -n, h});
+      tasks.insert(tasks.end(), {kHeadsTask, t, n, h});
       h += n;
     }
   }
   for (int32_t h = 0; h < p.n_heads; ++h) {
     int32_t group_first = 0, group_n = 0;
     for (int32_t t = 0; t < p.n_tokens; ++t) {
-      if (is_split[static_cast<int64_t>(t) * p.n_heads + h] || (head_groups && alone(t))) {
-        if (group_n > 0) tasks.insert(tasks.end(), {group_first, group_n, h});
+      if (is_split[static_cast<int64_t>(t) * p.n_heads + h] || in_sibling_group[t] ||
+          (head_groups && lone(t))) {
+        if (group_n > 0) tasks.insert(tasks.end(), {kRowsTask, group_first, group_n, h});
         group_n = 0;
         continue;
       }
@@ -415,46 +465,91 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         ++group_n;
         continue;
       }
-      if (group_n > 0) tasks.insert(tasks.end(), {group_first, group_n, h});
+      if (group_n > 0) tasks.insert(tasks.end(), {kRowsTask, group_first, group_n, h});
       group_first = t;
       group_n = 1;
     }
-    if (group_n > 0) tasks.insert(tasks.end(), {group_first, group_n, h});
+    if (group_n > 0) tasks.insert(tasks.end(), {kRowsTask, group_first, group_n, h});
   }
   for (size_t k = 0; k < split_items.size(); ++k) {
     const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).token);
     const int32_t per =
         std::clamp<int32_t>((n + workers - 1) / workers, 1, static_cast<int32_t>(kMaxChunkJobs));
     for (int32_t c0 = 0; c0 < n; c0 += per) {
-      tasks.insert(tasks.end(), {-1 - static_cast<int32_t>(k), c0, std::min(per, n - c0)});
+      tasks.insert(tasks.end(), {kSplitTask, static_cast<int32_t>(k), c0, std::min(per, n - c0)});
     }
   }
 
   // Phase 1: single-worker groups, and every chunk of every split item.
-  const int64_t n_tasks = static_cast<int64_t>(tasks.size()) / 3;
-  auto phase1 = [&](int /*worker*/, int64_t task) {
-    const int32_t* t = &tasks[3 * task];
-    if (t[0] >= 0) {
-      Item items[kGroupQueries];
-      if (t[1] < 0) {  // heads t[2] .. t[2] - t[1] - 1 of token t[0]
-        for (int32_t i = 0; i < -t[1]; ++i) items[i] = {t[0], t[2] + i};
-        RunSingle(isa, p, items, -t[1]);
-        return;
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size()) / 4;
+  // A sibling task's rows walk their shared leading chunks (same block ids, every key at or
+  // before every row's position) in the prefill tile, then each row its own chunks from there.
+  auto run_siblings = [&](const Item* items, int32_t n) {
+    int32_t shared = 0;
+    if (tiles && p.window <= 0 && n >= kMinTileQueries) {
+      shared = std::numeric_limits<int32_t>::max();
+      const int32_t* first = p.block_tables[items[0].token];
+      for (int32_t i = 0; i < n; ++i) {
+        shared = std::min(shared, (p.positions[items[i].token] + 1) / kAttentionChunk);
       }
-      if (tiles && t[1] >= kMinTileQueries) {
-        internal::AttentionTileAvx512(p, t[0], t[1], t[2]);
-        return;
+      const int32_t per_block = p.block_size / kAttentionChunk;
+      for (int32_t b = 0; b * per_block < shared; ++b) {
+        bool same = true;
+        for (int32_t i = 1; i < n && same; ++i)
+          same = p.block_tables[items[i].token][b] == first[b];
+        if (!same) shared = b * per_block;
       }
-      // <= kGroupQueries rows: no tile, or a short group
-      for (int32_t i = 0; i < t[1]; ++i) items[i] = {t[0] + i, t[2]};
-      RunSingle(isa, p, items, t[1]);
+    }
+    if (shared == 0) {
+      for (int32_t i = 0; i < n; i += kGroupQueries) {
+        RunSingle(isa, p, items + i, std::min(kGroupQueries, n - i));
+      }
       return;
     }
-    const int64_t k = -1 - t[0];
-    const Item it = ItemOf(p, split_items[k]);
-    ChunkJob jobs[kMaxChunkJobs];
-    for (int32_t c = 0; c < t[2]; ++c) jobs[c] = JobOf(p, it, t[1] + c);
-    ChunkPartials(isa, p, jobs, t[2], &s->partials[chunk_base[k] + t[1]]);
+    int32_t rows[internal::kTileRows];
+    for (int32_t i = 0; i < n; ++i) rows[i] = items[i].token;
+    AttentionPartial states[internal::kTileRows];
+    internal::AttentionTileStatesAvx512(p, rows, n, items[0].head, shared, states);
+    for (int32_t i = 0; i < n; i += kGroupQueries) {
+      RunSingle(isa, p, items + i, std::min(kGroupQueries, n - i), states + i, shared);
+    }
+  };
+  auto phase1 = [&](int /*worker*/, int64_t task) {
+    const int32_t* t = &tasks[4 * task];
+    Item items[kGroupQueries];
+    switch (t[0]) {
+      case kHeadsTask:  // heads t[3] .. t[3] + t[2] - 1 of token t[1]
+        for (int32_t i = 0; i < t[2]; ++i) items[i] = {t[1], t[3] + i};
+        RunSingle(isa, p, items, t[2]);
+        return;
+      case kSiblingsTask: {  // head t[3] of the rows sibling_rows[t[1] .. t[1] + t[2] - 1]
+        Item rows[internal::kTileRows];
+        int32_t n = 0;
+        for (int32_t i = 0; i < t[2]; ++i) {
+          const int32_t token = sibling_rows[t[1] + i];
+          if (!is_split[static_cast<int64_t>(token) * p.n_heads + t[3]]) rows[n++] = {token, t[3]};
+        }
+        if (n > 0) run_siblings(rows, n);
+        return;
+      }
+      case kRowsTask:
+        if (tiles && t[2] >= kMinTileQueries) {
+          internal::AttentionTileAvx512(p, t[1], t[2], t[3]);
+          return;
+        }
+        // <= kGroupQueries rows: no tile, or a short group
+        for (int32_t i = 0; i < t[2]; ++i) items[i] = {t[1] + i, t[3]};
+        RunSingle(isa, p, items, t[2]);
+        return;
+      default: {  // kSplitTask
+        const int64_t k = t[1];
+        const Item it = ItemOf(p, split_items[k]);
+        ChunkJob jobs[kMaxChunkJobs];
+        for (int32_t c = 0; c < t[3]; ++c) jobs[c] = JobOf(p, it, t[2] + c);
+        ChunkPartials(isa, p, jobs, t[3], &s->partials[chunk_base[k] + t[2]]);
+        return;
+      }
+    }
   };
   // Phase 2: one worker per split item merges its partials left to right.
   auto phase2 = [&](int /*worker*/, int64_t k) {

@@ -26,7 +26,10 @@
 // partials; each partial's own operations and their order are those above. A single-worker task
 // is such a group of queries of one head, or (decode rows, each alone in its sequence, when there
 // are at least as many as workers) a group of up to 8 heads of one row, whose chunks of one block
-// are adjacent in the pool; a split task is a run of consecutive chunks of one item.
+// are adjacent in the pool, or one head of up to 8 sibling decode rows (rows of different
+// sequences whose first chunks read the same blocks: GRPO samples of one prompt share its blocks),
+// which walk the chunks together so that a shared block is read once for all of them, not once
+// per row; a split task is a run of consecutive chunks of one item.
 // Prefill tile (AVX-512, fp32 or bf16 K/V, full attention or a sliding window, with or without
 // sinks): up to 16 consecutive rows of one sequence and head run with one query per register
 // lane, so the 16 scores of one key, the max and sum trees, the exponentials, the value chains
@@ -62,6 +65,7 @@
 //   Without window and sinks, nothing changes: the full-attention bits are those of version 1.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -117,6 +121,12 @@ class AttentionScratch {
   std::vector<int64_t> chunk_base;
   std::vector<uint8_t> is_split;
   std::vector<int32_t> tasks;
+  // The decode rows of the call's sibling groups (rows of different sequences that share the K/V
+  // blocks of their first chunks, e.g. the samples of one GRPO prompt), group by group; empty
+  // when the call had none.
+  std::vector<int32_t> sibling_rows;
+  std::vector<uint8_t> in_sibling_group;              // [n_tokens]
+  std::vector<std::array<int32_t, 3>> sibling_order;  // {block, chunk, token} of decode rows
 };
 
 // Runs attention for every (token, head). `pool` may be nullptr (one worker).

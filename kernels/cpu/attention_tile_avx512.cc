@@ -255,7 +255,7 @@ inline void SpanBlock(int32_t hd, int32_t d0, const SpanChunk* ch, int32_t n, Ti
   for (int x = 0; x < NB; ++x) _mm512_store_ps(st->o[d0 + x], o[x]);
 }
 
-// One tile of up to 16 consecutive rows: its queries (transposed), positions and state.
+// One tile of up to 16 rows: its queries (transposed), positions and state.
 struct TileRows {
   alignas(64) float qt[256][16];  // qt[d][lane]; rows d < head_dim hold the queries
   TileState st;
@@ -264,7 +264,8 @@ struct TileRows {
   __m512i vlo;   // each lane's window lo (its first valid key; 0 without a window)
   // n_chunks: 1 + the last chunk of any row; first_chunk: the earliest first chunk of any row;
   // max_lo: the latest window start of any row.
-  int32_t first, n, min_pos, max_lo, first_chunk, n_chunks;
+  const int32_t* rows;  // the tile's query rows (token indices), n of them
+  int32_t n, min_pos, max_lo, first_chunk, n_chunks;
 };
 
 // Addresses of a span's chunks for one kv head: k[i], v[i] for chunk c0 + i; k[n] is the next
@@ -276,19 +277,19 @@ struct SpanAddr {
   int64_t k_stride;  // floats between a K row's components d and d + 1
 };
 
-void LoadTile(const AttentionParams& p, int32_t first, int32_t n, int32_t head, TileRows* t) {
+void LoadTile(const AttentionParams& p, const int32_t* rows, int32_t n, int32_t head, TileRows* t) {
   const int32_t hd = p.head_dim;
   alignas(64) int32_t pos[16];
   alignas(64) int32_t lo[16];
   int32_t max_pos = 0;
-  t->first = first;
+  t->rows = rows;
   t->n = n;
-  t->min_pos = p.positions[first];
-  t->max_lo = WindowLo(p, first);
+  t->min_pos = p.positions[rows[0]];
+  t->max_lo = WindowLo(p, rows[0]);
   int32_t min_lo = t->max_lo;
   for (int32_t i = 0; i < 16; ++i) {
-    pos[i] = i < n ? p.positions[first + i] : -1;  // a lane past n is never valid
-    lo[i] = i < n ? WindowLo(p, first + i) : 0;
+    pos[i] = i < n ? p.positions[rows[i]] : -1;  // a lane past n is never valid
+    lo[i] = i < n ? WindowLo(p, rows[i]) : 0;
     max_pos = std::max(max_pos, pos[i]);
     if (i < n) {
       t->min_pos = std::min(t->min_pos, pos[i]);
@@ -301,14 +302,14 @@ void LoadTile(const AttentionParams& p, int32_t first, int32_t n, int32_t head, 
   t->n_chunks = max_pos / kAttentionChunk + 1;
   t->first_chunk = min_lo / kAttentionChunk;
   const int64_t row_stride = static_cast<int64_t>(p.n_heads) * hd;
-  const float* q0 =
-      p.q + static_cast<int64_t>(first) * row_stride + static_cast<int64_t>(head) * hd;
+  const float* q0 = p.q + static_cast<int64_t>(head) * hd;
   for (int32_t d0 = 0; d0 < hd; d0 += 16) {  // qt rows d0 .. d0 + 15 (<= 255): 16 x 16 blocks
     const __mmask16 dm = static_cast<__mmask16>(hd - d0 >= 16 ? 0xFFFF : (1u << (hd - d0)) - 1);
     __m512 r[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
-      r[i] = i < n ? _mm512_maskz_loadu_ps(dm, q0 + i * row_stride + d0) : _mm512_setzero_ps();
+      r[i] =
+          i < n ? _mm512_maskz_loadu_ps(dm, q0 + rows[i] * row_stride + d0) : _mm512_setzero_ps();
     }
     Transpose16(r);
 #pragma GCC unroll 16
@@ -401,8 +402,7 @@ void Pass2(int32_t hd, int32_t cnt, TileRows* t) {
 void StoreTile(const AttentionParams& p, int32_t head, const TileRows& t) {
   const int32_t hd = p.head_dim;
   const int64_t row_stride = static_cast<int64_t>(p.n_heads) * hd;
-  float* out0 =
-      p.out + static_cast<int64_t>(t.first) * row_stride + static_cast<int64_t>(head) * hd;
+  float* out0 = p.out + static_cast<int64_t>(head) * hd;
   for (int32_t d0 = 0; d0 < hd; d0 += 16) {
     const __mmask16 dm = static_cast<__mmask16>(hd - d0 >= 16 ? 0xFFFF : (1u << (hd - d0)) - 1);
     __m512 r[16];
@@ -414,25 +414,43 @@ void StoreTile(const AttentionParams& p, int32_t head, const TileRows& t) {
     Transpose16(r);
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
-      if (i < t.n) _mm512_mask_storeu_ps(out0 + i * row_stride + d0, dm, r[i]);
+      if (i < t.n) _mm512_mask_storeu_ps(out0 + t.rows[i] * row_stride + d0, dm, r[i]);
     }
   }
 }
 
-// Rows first .. first + n - 1 (n <= kTileRows) as tiles of 16 consecutive rows walking their
-// chunks in lockstep: span by span, pass 1 of every tile, then pass 2 of every tile, so that the
-// span's K and V come from memory once for all the tiles. The tiles never read each other's state.
+// Each lane's running state (m, l, o) as an AttentionPartial: states[i] for lane i < t.n.
+void ExportTile(int32_t hd, const TileRows& t, AttentionPartial* states) {
+  alignas(64) float m[16], l[16];
+  _mm512_store_ps(m, t.st.m);
+  _mm512_store_ps(l, t.st.l);
+  for (int32_t i = 0; i < t.n; ++i) {
+    states[i].m = m[i];
+    states[i].l = l[i];
+    for (int32_t d = 0; d < hd; ++d) states[i].o[d] = t.st.o[d][i];
+  }
+}
+
+// Rows rows[0 .. n) (n <= kTileRows) as tiles of 16 rows walking their chunks in lockstep: span by
+// span, pass 1 of every tile, then pass 2 of every tile, so that the span's K and V come from
+// memory once for all the tiles. The tiles never read each other's state. The chunks' K/V are
+// read through rows[0]'s block table: the rows are consecutive rows of one sequence, or, with
+// `states`, rows whose chunks 0 .. chunk_limit - 1 are the same blocks. Without `states` every row
+// walks all its chunks and its output is stored; with it the walk stops before chunk_limit and
+// each row's running state is left in states[i].
 template <bool kFusedBreak, bool kWindow>
-void Tiles(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
+void Tiles(const AttentionParams& p, const int32_t* rows, int32_t n, int32_t head,
+           int32_t chunk_limit, AttentionPartial* states) {
   constexpr int32_t kMaxTiles = kTileRows / kTileQueries;
   const int32_t kvh = head / (p.n_heads / p.n_kv_heads);
-  const int32_t* blocks = p.block_tables[first];
+  const int32_t* blocks = p.block_tables[rows[0]];
   const int32_t n_tiles = (n + kTileQueries - 1) / kTileQueries;
   TileRows tiles[kMaxTiles];
   int32_t n_chunks = 0, first_chunk = 0;
   for (int32_t i = 0; i < n_tiles; ++i) {
-    const int32_t f = first + i * kTileQueries;
-    LoadTile(p, f, std::min(kTileQueries, first + n - f), head, &tiles[i]);
+    const int32_t f = i * kTileQueries;
+    LoadTile(p, rows + f, std::min(kTileQueries, n - f), head, &tiles[i]);
+    if (states != nullptr) tiles[i].n_chunks = std::min(tiles[i].n_chunks, chunk_limit);
     n_chunks = std::max(n_chunks, tiles[i].n_chunks);
     first_chunk = i == 0 ? tiles[i].first_chunk : std::min(first_chunk, tiles[i].first_chunk);
   }
@@ -504,20 +522,43 @@ void Tiles(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
       if (cnt > 0) Pass2<kFusedBreak, kWindow>(p.head_dim, cnt, &tiles[i]);
     }
   }
-  for (int32_t i = 0; i < n_tiles; ++i) StoreTile(p, head, tiles[i]);
+  for (int32_t i = 0; i < n_tiles; ++i) {
+    if (states != nullptr) {
+      ExportTile(hd, tiles[i], states + i * kTileQueries);
+    } else {
+      StoreTile(p, head, tiles[i]);
+    }
+  }
 }
+
+// rows = first, first + 1, ..., first + n - 1.
+struct ConsecutiveRows {
+  int32_t r[kTileRows];
+  ConsecutiveRows(int32_t first, int32_t n) {
+    for (int32_t i = 0; i < n; ++i) r[i] = first + i;
+  }
+};
 
 }  // namespace
 
 void AttentionTileAvx512(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
-  if (p.window > 0) return Tiles<false, true>(p, first, n, head);
-  Tiles<false, false>(p, first, n, head);
+  const ConsecutiveRows rows(first, n);
+  if (p.window > 0) return Tiles<false, true>(p, rows.r, n, head, 0, nullptr);
+  Tiles<false, false>(p, rows.r, n, head, 0, nullptr);
 }
 
 void AttentionTileAvx512FusedForTest(const AttentionParams& p, int32_t first, int32_t n,
                                      int32_t head) {
-  if (p.window > 0) return Tiles<true, true>(p, first, n, head);
-  Tiles<true, false>(p, first, n, head);
+  const ConsecutiveRows rows(first, n);
+  if (p.window > 0) return Tiles<true, true>(p, rows.r, n, head, 0, nullptr);
+  Tiles<true, false>(p, rows.r, n, head, 0, nullptr);
+}
+
+void AttentionTileStatesAvx512(const AttentionParams& p, const int32_t* rows, int32_t n,
+                               int32_t head, int32_t chunks, AttentionPartial* states,
+                               bool fused_for_test) {
+  if (fused_for_test) return Tiles<true, false>(p, rows, n, head, chunks, states);
+  Tiles<false, false>(p, rows, n, head, chunks, states);
 }
 
 }  // namespace bitroll::kernels::internal

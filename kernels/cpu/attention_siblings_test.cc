@@ -1,0 +1,217 @@
+// Sibling decode rows (GRPO samples of one prompt: rows of different sequences whose leading
+// blocks are the same block ids) run one head of the group per task, walking the shared chunks
+// together (AVX-512: in the prefill tile, which leaves each row's running state for the row's own
+// chunks to continue from). Every ISA, kernel and thread count gives the reference's bits; the
+// grouping really ran; the tile's shared-chunk states are the walk's running states; and a tile
+// with another o update is caught (negative control).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_internal.h"
+#include "kernels/cpu/attention_test_util.h"
+
+namespace bitroll::kernels {
+namespace {
+
+using namespace attention_test;  // NOLINT: the shared fixture
+
+// Rows in groups: row t's group is group[t] (-1: alone); a group's rows take the first
+// shared_blocks[g] block ids of its first row's table (as many as each row's table holds).
+void MakeSiblings(Fixture* f, const std::vector<int32_t>& group,
+                  const std::vector<int32_t>& shared_blocks) {
+  std::vector<int32_t> leader(shared_blocks.size(), -1);
+  for (size_t t = 0; t < group.size(); ++t) {
+    const int32_t g = group[t];
+    if (g < 0) continue;
+    if (leader[g] < 0) {
+      leader[g] = static_cast<int32_t>(t);
+      continue;
+    }
+    std::vector<int32_t>& table = f->tables[t];
+    const std::vector<int32_t>& lead = f->tables[leader[g]];
+    const size_t n = std::min({table.size(), lead.size(), static_cast<size_t>(shared_blocks[g])});
+    for (size_t b = 0; b < n; ++b) table[b] = lead[b];
+  }
+}
+
+struct SiblingCase {
+  Case c;
+  std::vector<int32_t> group, shared_blocks;
+};
+
+// Groups larger than a tile (20 rows: two tiles in lockstep), of exactly the tile's minimum (4),
+// below it (3, 2: no tile), siblings whose positions end inside the shared blocks (the shared
+// run stops at the shortest row's last full chunk), a row alone, GQA, head dims that are not
+// multiples of 16, blocks of 16 and 32 keys.
+std::vector<SiblingCase> SiblingCases() {
+  std::vector<SiblingCase> cases;
+  {
+    SiblingCase s{{12, 12, 64, 16, {}}, {}, {18, 2, 1}};
+    for (int32_t i = 0; i < 20; ++i) {  // group 0: 288 shared tokens, rows 300 .. 357
+      s.c.positions.push_back(300 + 3 * i);
+      s.group.push_back(0);
+    }
+    for (int32_t i = 0; i < 4; ++i) {  // group 1: 2 shared blocks, one row ends inside them
+      s.c.positions.push_back(i == 2 ? 20 : 40 + 7 * i);
+      s.group.push_back(1);
+    }
+    for (int32_t i = 0; i < 3; ++i) {  // group 2: 3 rows, 1 shared block
+      s.c.positions.push_back(16 + 5 * i);
+      s.group.push_back(2);
+    }
+    s.c.positions.push_back(77);  // alone
+    s.group.push_back(-1);
+    cases.push_back(s);
+  }
+  {
+    SiblingCase s{{8, 2, 80, 32, {}}, {}, {5, 3}};
+    for (int32_t i = 0; i < 9; ++i) {  // group 0: 160 shared tokens
+      s.c.positions.push_back(i == 4 ? 150 : 170 + 11 * i);
+      s.group.push_back(0);
+    }
+    for (int32_t i = 0; i < 2; ++i) {  // group 1: 2 rows
+      s.c.positions.push_back(100 + i);
+      s.group.push_back(1);
+    }
+    cases.push_back(s);
+  }
+  {
+    SiblingCase s{{2, 2, 3, 16, {}}, {}, {4}};
+    for (int32_t i = 0; i < 6; ++i) {
+      s.c.positions.push_back(63 + i);
+      s.group.push_back(0);
+    }
+    cases.push_back(s);
+  }
+  return cases;
+}
+
+TEST(AttentionSiblings, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) {
+  uint32_t seed = 401;
+  for (const SiblingCase& sc : SiblingCases()) {
+    for (bool bf16 : {false, true}) {
+      Fixture f(sc.c, seed++);
+      MakeSiblings(&f, sc.group, sc.shared_blocks);
+      if (bf16) f.UseBf16Kv();
+      const std::vector<float> sk = Sinks(sc.c.n_heads, seed);
+      for (bool sinks : {false, true}) {
+        f.p.sinks = sinks ? sk.data() : nullptr;
+        const std::vector<float> ref = f.Reference();
+        for (Isa isa : SupportedIsas()) {
+          for (int threads : {1, 2, 3, 5}) {
+            ThreadPool pool(threads);
+            for (AttentionKernel k :
+                 {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
+              EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+                  << "isa " << IsaName(isa) << " threads " << threads << " kernel "
+                  << AttentionKernelName(k) << " heads " << sc.c.n_heads << " bf16 " << bf16
+                  << " sinks " << sinks;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The grouping ran: the call's sibling rows are the grouped rows, group by group (not the row
+// alone), and a call where no two rows share a block has none.
+TEST(AttentionSiblings, GroupsAreTheRowsThatShareTheirFirstBlock) {
+  const SiblingCase sc = SiblingCases()[0];
+  Fixture f(sc.c, 409);
+  std::vector<float> out(f.q.size());
+  AttentionParams p = f.p;
+  p.out = out.data();
+  AttentionScratch scratch;
+  Attention(BestIsa(), p, AttentionKernel::kSingle, nullptr, &scratch);
+  EXPECT_TRUE(scratch.sibling_rows.empty()) << "no shared blocks yet";
+  MakeSiblings(&f, sc.group, sc.shared_blocks);
+  Attention(BestIsa(), p, AttentionKernel::kSingle, nullptr, &scratch);
+  std::vector<int32_t> rows = scratch.sibling_rows;
+  std::sort(rows.begin(), rows.end());
+  std::vector<int32_t> want;
+  for (size_t t = 0; t < sc.group.size(); ++t) {
+    if (sc.group[t] >= 0) want.push_back(static_cast<int32_t>(t));
+  }
+  EXPECT_EQ(rows, want);
+}
+
+// The running state after `chunks` chunks of row t, head h, by the scalar reference walk.
+AttentionPartial WalkState(const Fixture& f, int32_t t, int32_t h, int32_t chunks) {
+  const AttentionParams& p = f.p;
+  AttentionPartial acc{}, part{};
+  if (p.sinks != nullptr) {
+    acc.m = p.sinks[h];
+    acc.l = 1.0f;
+  }
+  const float* q = p.q + (static_cast<int64_t>(t) * p.n_heads + h) * p.head_dim;
+  const int32_t kvh = h / (p.n_heads / p.n_kv_heads);
+  for (int32_t c = 0; c < chunks; ++c) {
+    AttentionPartial* dst = c == 0 && p.sinks == nullptr ? &acc : &part;
+    ChunkPartial(Isa::kScalar, p, q, kvh, p.block_tables[t], p.positions[t], c, dst);
+    if (dst == &part) MergePartial(Isa::kScalar, p.head_dim, &acc, part);
+  }
+  return acc;
+}
+
+bool SameState(const AttentionPartial& a, const AttentionPartial& b, int32_t head_dim) {
+  return std::memcmp(&a.m, &b.m, sizeof(float)) == 0 &&
+         std::memcmp(&a.l, &b.l, sizeof(float)) == 0 &&
+         std::memcmp(a.o, b.o, sizeof(float) * head_dim) == 0;
+}
+
+// The tile over the shared chunks, called directly for group 0 of the first case (20 rows, 18
+// chunks shared): every row's state is the walk's, for every prefix of the shared chunks, every
+// head, fp32 and bf16 pools, with and without sinks; the tile with a fused o update is caught.
+TEST(AttentionSiblings, TileStatesAreTheWalksRunningStates) {
+  if (!IsaSupported(Isa::kAvx512)) {
+    std::cerr
+        << "*** attention_siblings_test: no avx512; the shared-chunk tile is NOT tested ***\n";
+    return;
+  }
+  const SiblingCase sc = SiblingCases()[0];
+  uint32_t seed = 411;
+  for (bool bf16 : {false, true}) {
+    Fixture f(sc.c, seed++);
+    MakeSiblings(&f, sc.group, sc.shared_blocks);
+    if (bf16) f.UseBf16Kv();
+    const std::vector<float> sk = Sinks(sc.c.n_heads, seed);
+    std::vector<int32_t> rows;
+    for (int32_t t = 0; t < 20; ++t) rows.push_back(t);
+    for (bool sinks : {false, true}) {
+      f.p.sinks = sinks ? sk.data() : nullptr;
+      for (int32_t chunks : {1, 4, 5, 9, 18}) {
+        for (int32_t n : {1, 16, 20}) {
+          for (int32_t h = 0; h < sc.c.n_heads; h += 5) {
+            std::vector<AttentionPartial> states(n), fused(n);
+            internal::AttentionTileStatesAvx512(f.p, rows.data(), n, h, chunks, states.data());
+            internal::AttentionTileStatesAvx512(f.p, rows.data(), n, h, chunks, fused.data(),
+                                                /*fused_for_test=*/true);
+            bool any_fused_differs = false;
+            for (int32_t i = 0; i < n; ++i) {
+              const AttentionPartial want = WalkState(f, rows[i], h, chunks);
+              EXPECT_TRUE(SameState(want, states[i], sc.c.head_dim))
+                  << "row " << rows[i] << " head " << h << " chunks " << chunks << " of " << n
+                  << " bf16 " << bf16 << " sinks " << sinks;
+              any_fused_differs = any_fused_differs || !SameState(want, fused[i], sc.c.head_dim);
+            }
+            // One chunk has no o update to fuse: it is copied, or (sinks) merged into o = 0,
+            // where o * a + o_c * b and fma(o_c, b, o * a) are both exactly o_c * b.
+            if (chunks > 1) {
+              EXPECT_TRUE(any_fused_differs)
+                  << "a fused o update should not reproduce the walk's state, chunks " << chunks
+                  << " n " << n << " head " << h;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bitroll::kernels

@@ -9,8 +9,10 @@
 // --work on first use), fp32, greedy: decode tok/s at batch 1 after a 256-, a 4,096- and a
 // 16,384-token prompt (16 decode steps after the 4,096 and 16,384 ones), prefill tok/s of 512-,
 // 4,096- and 16,384-token prompts (the steps before the first token, default prefill chunking),
-// batch 32 of 128-token prompts + 128 generated tokens (decode steps only), and batch-1 decode at
-// context 256 with the attention kernel forced to single and to split. --kv-dtype / --weights:
+// batch 32 of 128-token prompts + 128 generated tokens (decode steps only), batch 32 as two GRPO
+// groups of 16 samples (T = 1) of a 2,048-token prompt + 64 generated tokens (the samples share
+// the prompt's K/V blocks), and batch-1 decode at context 256 with the attention kernel forced
+// to single and to split. --kv-dtype / --weights:
 // the KV cache's and the matmul weights' storage; --case: only the cases whose name contains
 // SUBSTRING.
 // Rooflines in the same process: the FMA peak (the engine's ISA, --threads threads) and the read
@@ -211,19 +213,28 @@ struct RunResult {
   double decode_bytes = 0;  // per timed step WeightBytes + its rows' KvBytesAt, summed
 };
 
+// The engine's KV block (engine/cpu_engine.cc): GRPO siblings share a prompt's whole blocks.
+constexpr int32_t kEngineKvBlock = 16;
+
 // `batch` sequences with a `prompt_len`-token prompt, then `gen` generated tokens each. Times the
 // steps before the first token (prefill; default prefill chunking) and the steps in which every
 // row is a decode row, and counts the flops and bytes of the decode rows at their positions.
+// group > 1: GRPO groups of `group` samples (T = 1) of one prompt each, which share its K/V
+// blocks; the bytes of a decode step count a group's shared blocks once (the first
+// (prompt_len - 1) / 16 blocks: the block holding the last prompt row is copied by every sample
+// that recomputes that row).
 RunResult ContextRun(std::shared_ptr<const engine::ModelWeights> w, const Config& cfg,
-                     int prompt_len, int gen) {
+                     int prompt_len, int gen, int group = 1) {
   auto e = Make(w, cfg, 4096);
   for (int i = 0; i < cfg.batch; ++i) {
     engine::SequenceRequest r;
     r.id = i;
+    const int prompt_id = group > 1 ? i / group : i;
     r.prompt.push_back(1);
-    for (int k = 1; k < prompt_len; ++k) r.prompt.push_back(3 + (i * 31 + k * 13) % 250);
-    r.sampling.temperature = 0.0f;
-    r.sample_index = i;
+    for (int k = 1; k < prompt_len; ++k) r.prompt.push_back(3 + (prompt_id * 31 + k * 13) % 250);
+    r.sampling.temperature = group > 1 ? 1.0f : 0.0f;
+    r.sample_index = group > 1 ? i % group : i;
+    r.group_id = group > 1 ? static_cast<uint64_t>(prompt_id) + 1 : 0;
     r.stop.max_tokens = gen;
     r.stop.stop_at_eos = r.stop.stop_at_bos = false;
     (void)e->Add(r);
@@ -249,6 +260,11 @@ RunResult ContextRun(std::shared_ptr<const engine::ModelWeights> w, const Config
         // The row that produced the token at position t.position ran at t.position - 1.
         out.decode_flops += DecodeRowFlops(c, t.position - 1);
         out.decode_bytes += KvBytesAt(c, t.position - 1, cfg.kv);
+      }
+      if (group > 1) {  // every sample but the first of a group reads the shared blocks again
+        const int64_t shared = (prompt_len - 1) / kEngineKvBlock * kEngineKvBlock;
+        const int64_t repeats = cfg.batch - (cfg.batch + group - 1) / group;
+        out.decode_bytes -= repeats * KvBytesAt(c, shared - 1, cfg.kv);
       }
     }
   }
@@ -315,6 +331,7 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
     const char* name;
     int batch, prompt, gen;
     const char* attention;
+    int group = 1;  // samples per GRPO group (1: every prompt its own)
   };
   // The 4,096- and 16,384-token cases report both the prefill of their prompt and the decode
   // after it.
@@ -322,7 +339,7 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
       {"b1 ctx256", 1, 256, 33, "auto"},        {"b1 ctx256 single", 1, 256, 33, "single"},
       {"b1 ctx256 split", 1, 256, 33, "split"}, {"b1 ctx4096", 1, 4096, 17, "auto"},
       {"b32 p128+128", 32, 128, 128, "auto"},   {"b1 prompt 512", 1, 512, 1, "auto"},
-      {"b1 ctx16384", 1, 16384, 17, "auto"},
+      {"b1 ctx16384", 1, 16384, 17, "auto"},    {"b32 group16 p2048+64", 32, 2048, 65, "auto", 16},
   };
   auto selected = [&](const Case& c) {
     return std::string(c.name).find(only) != std::string::npos;
@@ -355,16 +372,28 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
       Config cfg{c.batch, threads, c.attention, weights};
       cfg.kv = kv;
       cfg.kv_cache_bytes = SuiteKvCacheBytes(mc, kv);
-      const RunResult r = ContextRun(w, cfg, c.prompt, c.gen);
-      if (r.prefill_rows != int64_t{c.batch} * c.prompt) {
+      const RunResult r = ContextRun(w, cfg, c.prompt, c.gen, c.group);
+      if (c.group == 1 && r.prefill_rows != int64_t{c.batch} * c.prompt) {
         std::fprintf(stderr, "%s: the steps before the first token ran %lld rows, not %lld\n",
                      c.name, static_cast<long long>(r.prefill_rows),
                      static_cast<long long>(int64_t{c.batch} * c.prompt));
       }
       Figures f;
-      if (r.prefill_s > 0) {
+      if (r.prefill_s > 0 && c.group == 1) {
         f.prefill_tps = static_cast<double>(c.prompt) * c.batch / r.prefill_s;
         f.prefill_gflops = PrefillFlops(mc, c.batch, c.prompt) / r.prefill_s / 1e9;
+      } else if (r.prefill_s > 0) {
+        // A group's prompt is prefilled once, by its first sample, which then samples the first
+        // token; the others wait for it (and later recompute only their last prompt row).
+        const int groups = (c.batch + c.group - 1) / c.group;
+        const int64_t rows = int64_t{groups} * c.prompt;
+        if (r.prefill_rows != rows) {
+          std::fprintf(stderr, "%s: the steps before the first token ran %lld rows, not %lld\n",
+                       c.name, static_cast<long long>(r.prefill_rows),
+                       static_cast<long long>(rows));
+        }
+        f.prefill_tps = static_cast<double>(r.prefill_rows) / r.prefill_s;
+        f.prefill_gflops = PrefillFlops(mc, groups, c.prompt) / r.prefill_s / 1e9;
       }
       if (r.decode_s > 0) {
         f.decode_tps = r.decoded / r.decode_s;

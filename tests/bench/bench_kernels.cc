@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -119,6 +120,9 @@ struct AttentionCase {
   int32_t rows_per_call;
   bk::DType kv = bk::DType::kF32;  // the KV pool's element type
   int32_t window = 0;              // sliding window W (0 = full attention)
+  // Sequences s and s' with s / group == s' / group share their first shared_blocks block ids
+  // (GRPO siblings decoding after one prompt); 0: no sharing.
+  int32_t group = 0, shared_blocks = 0;
 };
 
 int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecutive,
@@ -136,11 +140,24 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
     }
     cases.push_back(c);
   }
+  {
+    // Two GRPO groups of 16 samples decoding after a shared 2,048-token prompt (128 blocks), each
+    // sample 0-62 tokens into its own continuation.
+    AttentionCase c{"decode b32 siblings ctx2048", {}, {}, 32};
+    for (int32_t i = 0; i < 32; ++i) {
+      c.positions.push_back(2048 + 2 * i);
+      c.sequence.push_back(i);
+    }
+    c.group = 16;
+    c.shared_blocks = 2048 / kBlock;
+    cases.push_back(c);
+  }
   for (size_t i = 1, n = cases.size(); i < n; ++i) {  // the decode cases again, with a bf16 cache
     AttentionCase c = cases[i];
     c.name = i == 1   ? "decode b1 ctx4096 bf16kv"
              : i == 2 ? "decode b1 ctx16384 bf16kv"
-                      : "decode b32 ctx129-255 bf16kv";
+             : i == 3 ? "decode b32 ctx129-255 bf16kv"
+                      : "decode b32 siblings ctx2048 bf16kv";
     c.kv = bk::DType::kBF16;
     cases.push_back(c);
   }
@@ -176,6 +193,10 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
       for (int32_t b = 0; b < blocks_per_seq; ++b) {
         tables[s].push_back(consecutive ? s * blocks_per_seq + b : 2 * (b * n_seq + s));
       }
+      if (c.group > 0) {  // the group's first sequence's blocks
+        const int32_t leader = s / c.group * c.group;
+        for (int32_t b = 0; b < c.shared_blocks; ++b) tables[s][b] = tables[leader][b];
+      }
     }
     const int64_t pool_floats = int64_t{2} * n_seq * blocks_per_seq * kHeads * kHeadDim * kBlock;
     KvPool<float> kc(pool_floats, hugepages), vc(pool_floats, hugepages);
@@ -192,14 +213,21 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
     std::vector<float> q(n * kHeads * kHeadDim), out(q.size());
     for (float& v : q) v = dist(rng);
     std::vector<const int32_t*> row_tables(n);
-    double flops = 0, kv_bytes = 0;  // K/V bytes: each decode row reads its whole context
+    // K/V bytes: each decode row reads its whole context, a block shared by several rows
+    // counted once (the bytes the call must bring in at least).
+    double flops = 0, kv_bytes = 0;
+    std::map<int32_t, int32_t> block_keys;  // block id -> the most keys a row reads from it
     for (int64_t i = 0; i < n; ++i) {
       row_tables[i] = tables[c.sequence[i]].data();
       const int32_t keys = c.window > 0 ? std::min(c.window, c.positions[i] + 1)
                                         : c.positions[i] + 1;  // the keys it attends to
       flops += 4.0 * kHeads * kHeadDim * keys;
-      kv_bytes += 2.0 * elem * kHeads * kHeadDim * (c.positions[i] + 1);
+      for (int32_t first = 0; first <= c.positions[i]; first += kBlock) {
+        int32_t& most = block_keys[row_tables[i][first / kBlock]];
+        most = std::max(most, std::min(kBlock, c.positions[i] + 1 - first));
+      }
     }
+    for (const auto& [block, keys] : block_keys) kv_bytes += 2.0 * elem * kHeads * kHeadDim * keys;
     if (c.rows_per_call > 1 && c.sequence.back() == 0) kv_bytes = 0;  // prefill: not a stream
     for (bk::AttentionKernel kernel :
          {bk::AttentionKernel::kAuto, bk::AttentionKernel::kSingle, bk::AttentionKernel::kSplit}) {

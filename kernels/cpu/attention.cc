@@ -157,6 +157,7 @@ constexpr int32_t kGroupQueries = 8;
 // A tile group of fewer rows runs RunSingle instead (most of the tile's lanes would idle).
 constexpr int32_t kMinTileQueries = 4;
 static_assert(kMinTileQueries <= kGroupQueries, "a group too short for a tile fits RunSingle");
+static_assert(kGroupQueries <= internal::kTileRows, "a sibling group without the tile fits");
 
 // out[i] <- the canonical partial of jobs[i]; bit-identical to ChunkPartial of each job alone.
 void ChunkPartialsIsa(Isa isa, const AttentionParams& p, const ChunkJob* jobs, int32_t n,
@@ -379,7 +380,8 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   //   kRowsTask {first token, tokens, head}: up to group_max consecutive tokens of one head and
   //     one sequence (same block table), none of them split;
   //   kHeadsTask {token, heads, first head}: consecutive heads of a decode row (below);
-  //   kSiblingsTask {first entry of sibling_rows, rows, head}: one head of a sibling group (below);
+  //   kSiblingsTask {first entry of sibling_rows, rows, first head}: sibling_heads heads of a
+  //     sibling group (below);
   //   kSplitTask {split index, first chunk, chunks}: up to kMaxChunkJobs consecutive chunks of one
   //     split item (fewer when the item has few chunks, so that its chunks still spread over the
   //     workers).
@@ -391,17 +393,20 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
            (t + 1 == p.n_tokens || p.block_tables[t + 1] != p.block_tables[t]);
   };
   // Sibling groups: decode rows alone in their sequence whose first chunks are the same chunk of
-  // the same block (GRPO samples of one prompt, which share its blocks) run one head of up to
-  // kGroupQueries rows per task, walking the chunks together, so a shared chunk is brought in once
-  // for all of them. Each row still walks its own block table and its own chunks in order.
+  // the same block (GRPO samples of one prompt, which share its blocks) run together, so a shared
+  // chunk is brought in once for all of them: with the tile, the query heads of one kv head (they
+  // read the same K/V) of up to kTileRows / heads-per-kv-head rows per task, else one head of up
+  // to kGroupQueries rows. Each row still walks its own block table and its own chunks in order.
   std::vector<int32_t>& sibling_rows = s->sibling_rows;
   std::vector<uint8_t>& in_sibling_group = s->in_sibling_group;
   std::vector<std::array<int32_t, 3>>& order = s->sibling_order;
   sibling_rows.clear();
   in_sibling_group.assign(p.n_tokens, 0);
   order.clear();
-  // Up to kTileRows siblings per task where the tile runs their shared chunks.
-  const int32_t sibling_max = tiles && p.window <= 0 ? internal::kTileRows : kGroupQueries;
+  const int32_t q_per_kv = p.n_heads / p.n_kv_heads;
+  const bool sibling_tiles = tiles && p.window <= 0 && q_per_kv <= internal::kTileRows;
+  const int32_t sibling_heads = sibling_tiles ? q_per_kv : 1;
+  const int32_t sibling_max = sibling_tiles ? internal::kTileRows / q_per_kv : kGroupQueries;
   for (int32_t t = 0; t < p.n_tokens && kernel != AttentionKernel::kSplit; ++t) {
     if (!alone(t)) continue;
     const int32_t first = FirstChunk(p, t);
@@ -421,7 +426,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         sibling_rows.push_back(order[k][2]);
         in_sibling_group[order[k][2]] = 1;
       }
-      for (int32_t h = 0; h < p.n_heads; ++h) {
+      for (int32_t h = 0; h < p.n_heads; h += sibling_heads) {
         tasks.insert(tasks.end(), {kSiblingsTask, offset, static_cast<int32_t>(end - begin), h});
       }
     }
@@ -482,11 +487,11 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
 
   // Phase 1: single-worker groups, and every chunk of every split item.
   const int64_t n_tasks = static_cast<int64_t>(tasks.size()) / 4;
-  // A sibling task's rows walk their shared leading chunks (same block ids, every key at or
-  // before every row's position) in the prefill tile, then each row its own chunks from there.
+  // A sibling task's items walk their shared leading chunks (same block ids, every key at or
+  // before every row's position) in the prefill tile, then each item its own chunks from there.
   auto run_siblings = [&](const Item* items, int32_t n) {
     int32_t shared = 0;
-    if (tiles && p.window <= 0 && n >= kMinTileQueries) {
+    if (sibling_tiles && n >= kMinTileQueries) {
       shared = std::numeric_limits<int32_t>::max();
       const int32_t* first = p.block_tables[items[0].token];
       for (int32_t i = 0; i < n; ++i) {
@@ -506,10 +511,10 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
       }
       return;
     }
-    int32_t rows[internal::kTileRows];
-    for (int32_t i = 0; i < n; ++i) rows[i] = items[i].token;
+    internal::TileLane lanes[internal::kTileRows];
+    for (int32_t i = 0; i < n; ++i) lanes[i] = {items[i].token, items[i].head};
     AttentionPartial states[internal::kTileRows];
-    internal::AttentionTileStatesAvx512(p, rows, n, items[0].head, shared, states);
+    internal::AttentionTileStatesAvx512(p, lanes, n, shared, states);
     for (int32_t i = 0; i < n; i += kGroupQueries) {
       RunSingle(isa, p, items + i, std::min(kGroupQueries, n - i), states + i, shared);
     }
@@ -522,14 +527,16 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         for (int32_t i = 0; i < t[2]; ++i) items[i] = {t[1], t[3] + i};
         RunSingle(isa, p, items, t[2]);
         return;
-      case kSiblingsTask: {  // head t[3] of the rows sibling_rows[t[1] .. t[1] + t[2] - 1]
-        Item rows[internal::kTileRows];
+      case kSiblingsTask: {  // heads t[3] .. of the rows sibling_rows[t[1] .. t[1] + t[2] - 1]
+        Item group[internal::kTileRows];  // row by row, so a row's heads share its own chunks
         int32_t n = 0;
         for (int32_t i = 0; i < t[2]; ++i) {
           const int32_t token = sibling_rows[t[1] + i];
-          if (!is_split[static_cast<int64_t>(token) * p.n_heads + t[3]]) rows[n++] = {token, t[3]};
+          for (int32_t h = t[3]; h < t[3] + sibling_heads; ++h) {
+            if (!is_split[static_cast<int64_t>(token) * p.n_heads + h]) group[n++] = {token, h};
+          }
         }
-        if (n > 0) run_siblings(rows, n);
+        if (n > 0) run_siblings(group, n);
         return;
       }
       case kRowsTask:

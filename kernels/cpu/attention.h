@@ -26,10 +26,13 @@
 // partials; each partial's own operations and their order are those above. A single-worker task
 // is such a group of queries of one head, or (decode rows, each alone in its sequence, when there
 // are at least as many as workers) a group of up to 8 heads of one row, whose chunks of one block
-// are adjacent in the pool, or one head of up to 8 sibling decode rows (rows of different
-// sequences whose first chunks read the same blocks: GRPO samples of one prompt share its blocks),
-// which walk the chunks together so that a shared block is read once for all of them, not once
-// per row; a split task is a run of consecutive chunks of one item.
+// are adjacent in the pool, or a sibling group: decode rows of different sequences whose first
+// chunks read the same blocks (GRPO samples of one prompt share its blocks), which walk the
+// chunks together so that a shared block is read once for all of them, not once per row (one head
+// of up to 8 rows; with AVX-512 the query heads of one kv head of up to 64 / heads-per-kv-head
+// rows, whose shared chunks run in the prefill tile below, one (row, head) per lane, and whose
+// own chunks then continue from each lane's running state); a split task is a run of
+// consecutive chunks of one item.
 // Prefill tile (AVX-512, fp32 or bf16 K/V, full attention or a sliding window, with or without
 // sinks): up to 16 consecutive rows of one sequence and head run with one query per register
 // lane, so the 16 scores of one key, the max and sum trees, the exponentials, the value chains

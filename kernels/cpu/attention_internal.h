@@ -83,16 +83,23 @@ void AttentionTileAvx512(const AttentionParams& p, int32_t first, int32_t n, int
 void AttentionTileAvx512FusedForTest(const AttentionParams& p, int32_t first, int32_t n,
                                      int32_t head);
 
-// The tile over shared chunks (AVX-512, full attention, with or without sinks): rows rows[0 .. n)
-// (token indices, 1 <= n <= kTileRows; e.g. GRPO siblings decoding after one prompt) whose chunks
-// 0 .. chunks - 1 are the same K/V (the same block ids in every row's table) and hold only keys
-// at or before every row's position (chunks * kAttentionChunk <= positions[rows[i]] + 1). Walks
-// those chunks, one row per lane, and leaves in states[i] row i's running state (m, l, o[0 ..
-// head_dim)) after them: the bits the single-worker walk has after merging chunk chunks - 1, so
-// merging the row's later chunks into it (MergePartial, left to right) gives its canonical
-// output. fused_for_test: the tile's fused o update (the negative control above).
-void AttentionTileStatesAvx512(const AttentionParams& p, const int32_t* rows, int32_t n,
-                               int32_t head, int32_t chunks, AttentionPartial* states,
+// One query of the tile: row `row` (a token of the call), query head `head`.
+struct TileLane {
+  int32_t row;
+  int32_t head;
+};
+
+// The tile over shared chunks (AVX-512, full attention, with or without sinks): the queries
+// lanes[0 .. n) (1 <= n <= kTileRows), all of one kv head (e.g. the query heads of one kv head of
+// GRPO siblings decoding after one prompt), whose chunks 0 .. chunks - 1 are the same K/V (the
+// same block ids in every lane's table) and hold only keys at or before every lane's position
+// (chunks * kAttentionChunk <= positions[row] + 1). Walks those chunks, one query per lane, and
+// leaves in states[i] lane i's running state (m, l, o[0 .. head_dim)) after them: the bits the
+// single-worker walk has after merging chunk chunks - 1, so merging the query's later chunks into
+// it (MergePartial, left to right) gives its canonical output. fused_for_test: the tile's fused
+// o update (the negative control above).
+void AttentionTileStatesAvx512(const AttentionParams& p, const TileLane* lanes, int32_t n,
+                               int32_t chunks, AttentionPartial* states,
                                bool fused_for_test = false);
 
 // Addresses of chunk `chunk`'s keys for kv head `kvh`: K rows [head_dim][block_size] starting at

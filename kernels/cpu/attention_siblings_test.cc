@@ -164,47 +164,62 @@ bool SameState(const AttentionPartial& a, const AttentionPartial& b, int32_t hea
          std::memcmp(a.o, b.o, sizeof(float) * head_dim) == 0;
 }
 
-// The tile over the shared chunks, called directly for group 0 of the first case (20 rows, 18
-// chunks shared): every row's state is the walk's, for every prefix of the shared chunks, every
-// head, fp32 and bf16 pools, with and without sinks; the tile with a fused o update is caught.
+// The tile over the shared chunks, called directly: group 0 of the first case (20 rows, 18 chunks
+// shared; lanes of one head) and of the second (9 rows, 9 chunks shared; GQA, lanes of the 4
+// query heads of one kv head, row by row). Every lane's state is the walk's, for prefixes of the
+// shared chunks, tiles of 1 to 4 x 16 lanes, fp32 and bf16 pools, with and without sinks; the
+// tile with a fused o update is caught.
 TEST(AttentionSiblings, TileStatesAreTheWalksRunningStates) {
   if (!IsaSupported(Isa::kAvx512)) {
     std::cerr
         << "*** attention_siblings_test: no avx512; the shared-chunk tile is NOT tested ***\n";
     return;
   }
-  const SiblingCase sc = SiblingCases()[0];
   uint32_t seed = 411;
-  for (bool bf16 : {false, true}) {
-    Fixture f(sc.c, seed++);
-    MakeSiblings(&f, sc.group, sc.shared_blocks);
-    if (bf16) f.UseBf16Kv();
-    const std::vector<float> sk = Sinks(sc.c.n_heads, seed);
-    std::vector<int32_t> rows;
-    for (int32_t t = 0; t < 20; ++t) rows.push_back(t);
-    for (bool sinks : {false, true}) {
-      f.p.sinks = sinks ? sk.data() : nullptr;
-      for (int32_t chunks : {1, 4, 5, 9, 18}) {
-        for (int32_t n : {1, 16, 20}) {
-          for (int32_t h = 0; h < sc.c.n_heads; h += 5) {
-            std::vector<AttentionPartial> states(n), fused(n);
-            internal::AttentionTileStatesAvx512(f.p, rows.data(), n, h, chunks, states.data());
-            internal::AttentionTileStatesAvx512(f.p, rows.data(), n, h, chunks, fused.data(),
-                                                /*fused_for_test=*/true);
-            bool any_fused_differs = false;
-            for (int32_t i = 0; i < n; ++i) {
-              const AttentionPartial want = WalkState(f, rows[i], h, chunks);
-              EXPECT_TRUE(SameState(want, states[i], sc.c.head_dim))
-                  << "row " << rows[i] << " head " << h << " chunks " << chunks << " of " << n
-                  << " bf16 " << bf16 << " sinks " << sinks;
-              any_fused_differs = any_fused_differs || !SameState(want, fused[i], sc.c.head_dim);
-            }
-            // One chunk has no o update to fuse: it is copied, or (sinks) merged into o = 0,
-            // where o * a + o_c * b and fma(o_c, b, o * a) are both exactly o_c * b.
-            if (chunks > 1) {
-              EXPECT_TRUE(any_fused_differs)
-                  << "a fused o update should not reproduce the walk's state, chunks " << chunks
-                  << " n " << n << " head " << h;
+  for (int which : {0, 1}) {
+    const SiblingCase sc = SiblingCases()[which];
+    const int32_t rows = which == 0 ? 20 : 9, shared = which == 0 ? 18 : 9;
+    // Lane sets: which == 0: one head each (0, 5, 10); which == 1: kv head 0 and 1's 4 heads.
+    std::vector<std::vector<internal::TileLane>> lane_sets;
+    for (int32_t k = 0; k < 3; ++k) {
+      std::vector<internal::TileLane> lanes;
+      for (int32_t r = 0; r < rows; ++r) {
+        if (which == 0) lanes.push_back({r, 5 * k});
+        for (int32_t h = 4 * k; which == 1 && k < 2 && h < 4 * k + 4; ++h) lanes.push_back({r, h});
+      }
+      if (!lanes.empty()) lane_sets.push_back(lanes);
+    }
+    for (bool bf16 : {false, true}) {
+      Fixture f(sc.c, seed++);
+      MakeSiblings(&f, sc.group, sc.shared_blocks);
+      if (bf16) f.UseBf16Kv();
+      const std::vector<float> sk = Sinks(sc.c.n_heads, seed);
+      for (bool sinks : {false, true}) {
+        f.p.sinks = sinks ? sk.data() : nullptr;
+        for (int32_t chunks : {1, 4, 5, shared - 1, shared}) {
+          for (const std::vector<internal::TileLane>& lanes : lane_sets) {
+            for (int32_t n : {1, 16, static_cast<int32_t>(lanes.size())}) {
+              std::vector<AttentionPartial> states(n), fused(n);
+              internal::AttentionTileStatesAvx512(f.p, lanes.data(), n, chunks, states.data());
+              internal::AttentionTileStatesAvx512(f.p, lanes.data(), n, chunks, fused.data(),
+                                                  /*fused_for_test=*/true);
+              bool any_fused_differs = false;
+              for (int32_t i = 0; i < n; ++i) {
+                const AttentionPartial want = WalkState(f, lanes[i].row, lanes[i].head, chunks);
+                EXPECT_TRUE(SameState(want, states[i], sc.c.head_dim))
+                    << "row " << lanes[i].row << " head " << lanes[i].head << " chunks " << chunks
+                    << " lanes " << n << " case " << which << " bf16 " << bf16 << " sinks "
+                    << sinks;
+                any_fused_differs = any_fused_differs || !SameState(want, fused[i], sc.c.head_dim);
+              }
+              // One chunk has no o update to fuse: it is copied, or (sinks) merged into o = 0,
+              // where o * a + o_c * b and fma(o_c, b, o * a) are both exactly o_c * b. One lane
+              // may round the same both ways by chance; 16 or more lanes do not.
+              if (chunks > 1 && n >= 16) {
+                EXPECT_TRUE(any_fused_differs)
+                    << "a fused o update should not reproduce the walk's state, chunks " << chunks
+                    << " lanes " << n << " case " << which;
+              }
             }
           }
         }

@@ -264,9 +264,15 @@ struct TileRows {
   __m512i vlo;   // each lane's window lo (its first valid key; 0 without a window)
   // n_chunks: 1 + the last chunk of any row; first_chunk: the earliest first chunk of any row;
   // max_lo: the latest window start of any row.
-  const int32_t* rows;  // the tile's query rows (token indices), n of them
+  const TileLane* lanes;  // the tile's queries (row, head), n of them
   int32_t n, min_pos, max_lo, first_chunk, n_chunks;
 };
+
+// The head_dim floats of lane's (row, head) in x ([rows][n_heads][head_dim]: q or out).
+template <typename T>
+inline T* LaneRow(const AttentionParams& p, T* x, TileLane lane) {
+  return x + (static_cast<int64_t>(lane.row) * p.n_heads + lane.head) * p.head_dim;
+}
 
 // Addresses of a span's chunks for one kv head: k[i], v[i] for chunk c0 + i; k[n] is the next
 // span's first chunk, or nullptr. K is read in place (stride block_size) from an fp32 pool, or
@@ -277,19 +283,21 @@ struct SpanAddr {
   int64_t k_stride;  // floats between a K row's components d and d + 1
 };
 
-void LoadTile(const AttentionParams& p, const int32_t* rows, int32_t n, int32_t head, TileRows* t) {
+void LoadTile(const AttentionParams& p, const TileLane* lanes, int32_t n, TileRows* t) {
   const int32_t hd = p.head_dim;
   alignas(64) int32_t pos[16];
   alignas(64) int32_t lo[16];
+  alignas(64) float sink[16];
   int32_t max_pos = 0;
-  t->rows = rows;
+  t->lanes = lanes;
   t->n = n;
-  t->min_pos = p.positions[rows[0]];
-  t->max_lo = WindowLo(p, rows[0]);
+  t->min_pos = p.positions[lanes[0].row];
+  t->max_lo = WindowLo(p, lanes[0].row);
   int32_t min_lo = t->max_lo;
   for (int32_t i = 0; i < 16; ++i) {
-    pos[i] = i < n ? p.positions[rows[i]] : -1;  // a lane past n is never valid
-    lo[i] = i < n ? WindowLo(p, rows[i]) : 0;
+    pos[i] = i < n ? p.positions[lanes[i].row] : -1;  // a lane past n is never valid
+    lo[i] = i < n ? WindowLo(p, lanes[i].row) : 0;
+    sink[i] = i < n && p.sinks != nullptr ? p.sinks[lanes[i].head] : 0.0f;
     max_pos = std::max(max_pos, pos[i]);
     if (i < n) {
       t->min_pos = std::min(t->min_pos, pos[i]);
@@ -301,22 +309,19 @@ void LoadTile(const AttentionParams& p, const int32_t* rows, int32_t n, int32_t 
   t->vlo = _mm512_load_si512(lo);
   t->n_chunks = max_pos / kAttentionChunk + 1;
   t->first_chunk = min_lo / kAttentionChunk;
-  const int64_t row_stride = static_cast<int64_t>(p.n_heads) * hd;
-  const float* q0 = p.q + static_cast<int64_t>(head) * hd;
   for (int32_t d0 = 0; d0 < hd; d0 += 16) {  // qt rows d0 .. d0 + 15 (<= 255): 16 x 16 blocks
     const __mmask16 dm = static_cast<__mmask16>(hd - d0 >= 16 ? 0xFFFF : (1u << (hd - d0)) - 1);
     __m512 r[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
       r[i] =
-          i < n ? _mm512_maskz_loadu_ps(dm, q0 + rows[i] * row_stride + d0) : _mm512_setzero_ps();
+          i < n ? _mm512_maskz_loadu_ps(dm, LaneRow(p, p.q, lanes[i]) + d0) : _mm512_setzero_ps();
     }
     Transpose16(r);
 #pragma GCC unroll 16
     for (int x = 0; x < 16; ++x) _mm512_store_ps(t->qt[d0 + x], r[x]);
   }
-  const bool sink = p.sinks != nullptr;
-  t->st.m = _mm512_set1_ps(sink ? p.sinks[head] : 0.0f);
+  t->st.m = _mm512_load_ps(sink);
   t->st.l = _mm512_set1_ps(1.0f);
   for (int32_t d = 0; d < hd; ++d) _mm512_store_ps(t->st.o[d], _mm512_setzero_ps());
 }
@@ -399,10 +404,8 @@ void Pass2(int32_t hd, int32_t cnt, TileRows* t) {
 }
 
 // out = o[d] / l per lane, transposed back to rows 16 d at a time.
-void StoreTile(const AttentionParams& p, int32_t head, const TileRows& t) {
+void StoreTile(const AttentionParams& p, const TileRows& t) {
   const int32_t hd = p.head_dim;
-  const int64_t row_stride = static_cast<int64_t>(p.n_heads) * hd;
-  float* out0 = p.out + static_cast<int64_t>(head) * hd;
   for (int32_t d0 = 0; d0 < hd; d0 += 16) {
     const __mmask16 dm = static_cast<__mmask16>(hd - d0 >= 16 ? 0xFFFF : (1u << (hd - d0)) - 1);
     __m512 r[16];
@@ -414,7 +417,7 @@ void StoreTile(const AttentionParams& p, int32_t head, const TileRows& t) {
     Transpose16(r);
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
-      if (i < t.n) _mm512_mask_storeu_ps(out0 + t.rows[i] * row_stride + d0, dm, r[i]);
+      if (i < t.n) _mm512_mask_storeu_ps(LaneRow(p, p.out, t.lanes[i]) + d0, dm, r[i]);
     }
   }
 }
@@ -431,25 +434,25 @@ void ExportTile(int32_t hd, const TileRows& t, AttentionPartial* states) {
   }
 }
 
-// Rows rows[0 .. n) (n <= kTileRows) as tiles of 16 rows walking their chunks in lockstep: span by
-// span, pass 1 of every tile, then pass 2 of every tile, so that the span's K and V come from
-// memory once for all the tiles. The tiles never read each other's state. The chunks' K/V are
-// read through rows[0]'s block table: the rows are consecutive rows of one sequence, or, with
-// `states`, rows whose chunks 0 .. chunk_limit - 1 are the same blocks. Without `states` every row
-// walks all its chunks and its output is stored; with it the walk stops before chunk_limit and
-// each row's running state is left in states[i].
+// Queries lanes[0 .. n) (n <= kTileRows, one kv head) as tiles of 16 walking their chunks in
+// lockstep: span by span, pass 1 of every tile, then pass 2 of every tile, so that the span's K
+// and V come from memory once for all the tiles. The tiles never read each other's state. The
+// chunks' K/V are read through lanes[0]'s block table: the lanes are consecutive rows of one
+// sequence and one head, or, with `states`, rows whose chunks 0 .. chunk_limit - 1 are the same
+// blocks. Without `states` every lane walks all its chunks and its output is stored; with it the
+// walk stops before chunk_limit and each lane's running state is left in states[i].
 template <bool kFusedBreak, bool kWindow>
-void Tiles(const AttentionParams& p, const int32_t* rows, int32_t n, int32_t head,
-           int32_t chunk_limit, AttentionPartial* states) {
+void Tiles(const AttentionParams& p, const TileLane* lanes, int32_t n, int32_t chunk_limit,
+           AttentionPartial* states) {
   constexpr int32_t kMaxTiles = kTileRows / kTileQueries;
-  const int32_t kvh = head / (p.n_heads / p.n_kv_heads);
-  const int32_t* blocks = p.block_tables[rows[0]];
+  const int32_t kvh = lanes[0].head / (p.n_heads / p.n_kv_heads);
+  const int32_t* blocks = p.block_tables[lanes[0].row];
   const int32_t n_tiles = (n + kTileQueries - 1) / kTileQueries;
   TileRows tiles[kMaxTiles];
   int32_t n_chunks = 0, first_chunk = 0;
   for (int32_t i = 0; i < n_tiles; ++i) {
     const int32_t f = i * kTileQueries;
-    LoadTile(p, rows + f, std::min(kTileQueries, n - f), head, &tiles[i]);
+    LoadTile(p, lanes + f, std::min(kTileQueries, n - f), &tiles[i]);
     if (states != nullptr) tiles[i].n_chunks = std::min(tiles[i].n_chunks, chunk_limit);
     n_chunks = std::max(n_chunks, tiles[i].n_chunks);
     first_chunk = i == 0 ? tiles[i].first_chunk : std::min(first_chunk, tiles[i].first_chunk);
@@ -526,39 +529,38 @@ void Tiles(const AttentionParams& p, const int32_t* rows, int32_t n, int32_t hea
     if (states != nullptr) {
       ExportTile(hd, tiles[i], states + i * kTileQueries);
     } else {
-      StoreTile(p, head, tiles[i]);
+      StoreTile(p, tiles[i]);
     }
   }
 }
 
-// rows = first, first + 1, ..., first + n - 1.
+// The lanes (first, head), (first + 1, head), ..., (first + n - 1, head).
 struct ConsecutiveRows {
-  int32_t r[kTileRows];
-  ConsecutiveRows(int32_t first, int32_t n) {
-    for (int32_t i = 0; i < n; ++i) r[i] = first + i;
+  TileLane lanes[kTileRows];
+  ConsecutiveRows(int32_t first, int32_t n, int32_t head) {
+    for (int32_t i = 0; i < n; ++i) lanes[i] = {first + i, head};
   }
 };
 
 }  // namespace
 
 void AttentionTileAvx512(const AttentionParams& p, int32_t first, int32_t n, int32_t head) {
-  const ConsecutiveRows rows(first, n);
-  if (p.window > 0) return Tiles<false, true>(p, rows.r, n, head, 0, nullptr);
-  Tiles<false, false>(p, rows.r, n, head, 0, nullptr);
+  const ConsecutiveRows rows(first, n, head);
+  if (p.window > 0) return Tiles<false, true>(p, rows.lanes, n, 0, nullptr);
+  Tiles<false, false>(p, rows.lanes, n, 0, nullptr);
 }
 
 void AttentionTileAvx512FusedForTest(const AttentionParams& p, int32_t first, int32_t n,
                                      int32_t head) {
-  const ConsecutiveRows rows(first, n);
-  if (p.window > 0) return Tiles<true, true>(p, rows.r, n, head, 0, nullptr);
-  Tiles<true, false>(p, rows.r, n, head, 0, nullptr);
+  const ConsecutiveRows rows(first, n, head);
+  if (p.window > 0) return Tiles<true, true>(p, rows.lanes, n, 0, nullptr);
+  Tiles<true, false>(p, rows.lanes, n, 0, nullptr);
 }
 
-void AttentionTileStatesAvx512(const AttentionParams& p, const int32_t* rows, int32_t n,
-                               int32_t head, int32_t chunks, AttentionPartial* states,
-                               bool fused_for_test) {
-  if (fused_for_test) return Tiles<true, false>(p, rows, n, head, chunks, states);
-  Tiles<false, false>(p, rows, n, head, chunks, states);
+void AttentionTileStatesAvx512(const AttentionParams& p, const TileLane* lanes, int32_t n,
+                               int32_t chunks, AttentionPartial* states, bool fused_for_test) {
+  if (fused_for_test) return Tiles<true, false>(p, lanes, n, chunks, states);
+  Tiles<false, false>(p, lanes, n, chunks, states);
 }
 
 }  // namespace bitroll::kernels::internal

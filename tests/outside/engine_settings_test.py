@@ -3,7 +3,11 @@
 
 - Settings that never change a bit (--max-step-tokens, --max-prefill-chunk, --max-running,
   --prefix-cache off, --attention split, --isa scalar): the trajectories are bit-equal to
-  `bitroll generate --json`, fingerprint backend "cpu".
+  `bitroll generate --json`, fingerprint backend "cpu". Two groups each: short prompts, and a
+  GRPO group of 12 samples of a 120-token prompt, whose samples share 7 blocks of it; with the
+  prefix cache on (`generate`, the default service) their decode attention runs as sibling
+  groups that read those blocks once (kernels/cpu/attention.h), with --prefix-cache off or
+  --max-running 1 every sample runs alone.
 - --kv-dtype bf16 (flag, and "kv_dtype" in a --config file): fingerprint "cpu-kvbf16", bit-equal to
   `generate --kv-dtype bf16`, and different from the fp32 bits (the negative control: the setting
   really reaches the replica's engine).
@@ -30,6 +34,10 @@ np = oc.np
 
 SPEC = {"prompts": [[1, 403, 407, 261, 378], [1, 56, 79]], "n": 3, "seed": 11, "max_tokens": 40,
         "params": {"temperature": 1.0, "top_k": 0, "top_p": 0.9, "min_p": 0.0}}
+
+# A GRPO group: 12 samples of one 120-token prompt (7 whole shared blocks).
+GROUP = {"prompts": [[1] + [3 + (13 * i) % 500 for i in range(119)]], "n": 12, "seed": 7,
+         "max_tokens": 32, "params": {"temperature": 1.0, "top_k": 0, "top_p": 0.9, "min_p": 0.0}}
 
 NEUTRAL = [
     ["--max-step-tokens", "7", "--max-prefill-chunk", "3"],
@@ -73,21 +81,28 @@ def check(trajs, ref, backend, failures, label, spec=SPEC):
             failures.append(f"{label}: prompt {t.prompt_index} sample {t.sample_index}: {why}")
 
 
-def serve_case(a, tmp, extra, ref, backend, failures, label, model=None, spec=SPEC, runs=1):
+def serve_case(a, tmp, extra, ref, backend, failures, label, model=None, specs=(SPEC, GROUP),
+               runs=1):
+    """Each spec's group `runs` times through one service; the last run's trajectories of the
+    first spec."""
     srv = oc.Server(a.bitroll, model or a.model, extra=extra,
                     log=os.path.join(tmp, f"{len(label)}.log"))
+    first = []
     try:
         try:
             srv.start()
         except RuntimeError as e:  # refused to serve (a failed self-test, a bad flag)
             failures.append(f"{label}: {e}")
             return []
-        for _ in range(runs):
-            trajs = run_group(srv, failures, label, spec)
-            check(trajs, ref, backend, failures, label, spec)
+        for i, spec in enumerate(specs):
+            for _ in range(runs):
+                trajs = run_group(srv, failures, label, spec)
+                check(trajs, ref, backend, failures, label, spec)
+                if i == 0:
+                    first = trajs
         if not srv.alive():
             failures.append(f"{label}: bitroll serve died:\n{srv.log_tail()}")
-        return trajs
+        return first
     finally:
         srv.kill9()
 
@@ -134,7 +149,7 @@ def main():
         href = oc.References(a.bitroll, hybrid, tmp)
         for policy in ("full", "checkpoint:32", "recompute"):
             serve_case(a, tmp, ["--swa-cache", policy], href, "cpu", failures,
-                       f"hybrid --swa-cache {policy}", model=hybrid, spec=HYBRID, runs=2)
+                       f"hybrid --swa-cache {policy}", model=hybrid, specs=(HYBRID,), runs=2)
         usage_error(a, ["--kv-dtype", "f16"], "--kv-dtype must be f32 or bf16, got 'f16'",
                     failures)
         usage_error(a, ["--prefix-cache", "maybe"], "--prefix-cache must be on or off",

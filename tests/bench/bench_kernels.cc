@@ -151,13 +151,19 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
     c.group = 16;
     c.shared_blocks = 2048 / kBlock;
     cases.push_back(c);
+    // The same rows after a 128-token prompt: each sample's own 1,920-1,982 tokens dominate
+    // (GRPO on short prompts with long answers).
+    c.name = "decode b32 siblings p128 ctx2048";
+    c.shared_blocks = 128 / kBlock;
+    cases.push_back(c);
   }
   for (size_t i = 1, n = cases.size(); i < n; ++i) {  // the decode cases again, with a bf16 cache
     AttentionCase c = cases[i];
     c.name = i == 1   ? "decode b1 ctx4096 bf16kv"
              : i == 2 ? "decode b1 ctx16384 bf16kv"
              : i == 3 ? "decode b32 ctx129-255 bf16kv"
-                      : "decode b32 siblings ctx2048 bf16kv";
+             : i == 4 ? "decode b32 siblings ctx2048 bf16kv"
+                      : "decode b32 siblings p128 ctx2048 bf16kv";
     c.kv = bk::DType::kBF16;
     cases.push_back(c);
   }

@@ -233,6 +233,24 @@ inline int32_t NumChunks(const AttentionParams& p, int32_t token) {
   return p.positions[token] / kAttentionChunk + 1 - FirstChunk(p, token);
 }
 
+// Of the rows rows[0 .. n) (full attention), the leading chunks that every row reads from the same
+// block ids and that hold only keys at or before every row's position: what a sibling group
+// shares.
+int32_t SharedChunks(const AttentionParams& p, const int32_t* rows, int32_t n) {
+  int32_t shared = std::numeric_limits<int32_t>::max();
+  for (int32_t i = 0; i < n; ++i) {
+    shared = std::min(shared, (p.positions[rows[i]] + 1) / kAttentionChunk);
+  }
+  const int32_t* first = p.block_tables[rows[0]];
+  const int32_t per_block = p.block_size / kAttentionChunk;
+  for (int32_t b = 0; b * per_block < shared; ++b) {
+    for (int32_t i = 1; i < n; ++i) {
+      if (p.block_tables[rows[i]][b] != first[b]) return b * per_block;
+    }
+  }
+  return shared;
+}
+
 // The merge's starting state when the head has a sink: (m = sink, l = 1, o = 0).
 inline void SinkPartial(const AttentionParams& p, int32_t head, AttentionPartial* acc) {
   acc->m = p.sinks[head];
@@ -392,11 +410,15 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     return (t == 0 || p.block_tables[t - 1] != p.block_tables[t]) &&
            (t + 1 == p.n_tokens || p.block_tables[t + 1] != p.block_tables[t]);
   };
-  // Sibling groups: decode rows alone in their sequence whose first chunks are the same chunk of
-  // the same block (GRPO samples of one prompt, which share its blocks) run together, so a shared
+  // Sibling groups (full attention): decode rows alone in their sequence whose first chunk is the
+  // same block (GRPO samples of one prompt, which share its blocks) run together, so a shared
   // chunk is brought in once for all of them: with the tile, the query heads of one kv head (they
   // read the same K/V) of up to kTileRows / heads-per-kv-head rows per task, else one head of up
   // to kGroupQueries rows. Each row still walks its own block table and its own chunks in order.
+  // A group walks its rows' own chunks head by head (4 KB of K or V at a time instead of the
+  // adjacent heads of a head group), which cost 1-4% against rows alone when they share 6% of
+  // their chunks (docs/benchmarks.md, round 6): rows group only where the shared chunks save at
+  // least a twelfth of their chunk reads.
   std::vector<int32_t>& sibling_rows = s->sibling_rows;
   std::vector<uint8_t>& in_sibling_group = s->in_sibling_group;
   std::vector<std::array<int32_t, 3>>& order = s->sibling_order;
@@ -404,33 +426,38 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   in_sibling_group.assign(p.n_tokens, 0);
   order.clear();
   const int32_t q_per_kv = p.n_heads / p.n_kv_heads;
-  const bool sibling_tiles = tiles && p.window <= 0 && q_per_kv <= internal::kTileRows;
+  const bool sibling_tiles = tiles && q_per_kv <= internal::kTileRows;
   const int32_t sibling_heads = sibling_tiles ? q_per_kv : 1;
   const int32_t sibling_max = sibling_tiles ? internal::kTileRows / q_per_kv : kGroupQueries;
-  for (int32_t t = 0; t < p.n_tokens && kernel != AttentionKernel::kSplit; ++t) {
-    if (!alone(t)) continue;
-    const int32_t first = FirstChunk(p, t);
-    order.push_back({p.block_tables[t][first * kAttentionChunk / p.block_size], first, t});
+  const bool siblings = p.window <= 0 && kernel != AttentionKernel::kSplit;
+  for (int32_t t = 0; t < p.n_tokens && siblings; ++t) {
+    if (alone(t)) order.push_back({p.block_tables[t][0], t, 0});
   }
   std::sort(order.begin(), order.end());
   for (size_t i = 0; i < order.size();) {
     size_t j = i + 1;
-    while (j < order.size() && order[j][0] == order[i][0] && order[j][1] == order[i][1]) ++j;
+    while (j < order.size() && order[j][0] == order[i][0]) ++j;
     const int32_t run = static_cast<int32_t>(j - i);
-    const int32_t groups = run >= 2 ? (run + sibling_max - 1) / sibling_max : 0;
+    const size_t base = sibling_rows.size();
+    for (size_t k = i; k < j; ++k) sibling_rows.push_back(order[k][1]);
+    int64_t reads = 0;  // chunk reads of the run's rows alone
+    for (size_t k = i; k < j; ++k) reads += NumChunks(p, order[k][1]);
+    const int64_t saved =
+        run >= 2 ? int64_t{run - 1} * SharedChunks(p, sibling_rows.data() + base, run) : 0;
+    i = j;
+    if (saved == 0 || 12 * saved < reads) {
+      sibling_rows.resize(base);
+      continue;
+    }
+    const int32_t groups = (run + sibling_max - 1) / sibling_max;
     for (int32_t g = 0; g < groups; ++g) {  // the run cut evenly
-      const size_t begin = i + static_cast<size_t>(g) * run / groups;
-      const size_t end = i + static_cast<size_t>(g + 1) * run / groups;
-      const int32_t offset = static_cast<int32_t>(sibling_rows.size());
-      for (size_t k = begin; k < end; ++k) {
-        sibling_rows.push_back(order[k][2]);
-        in_sibling_group[order[k][2]] = 1;
-      }
+      const int32_t begin = static_cast<int32_t>(base) + g * run / groups;
+      const int32_t end = static_cast<int32_t>(base) + (g + 1) * run / groups;
+      for (int32_t k = begin; k < end; ++k) in_sibling_group[sibling_rows[k]] = 1;
       for (int32_t h = 0; h < p.n_heads; h += sibling_heads) {
-        tasks.insert(tasks.end(), {kSiblingsTask, offset, static_cast<int32_t>(end - begin), h});
+        tasks.insert(tasks.end(), {kSiblingsTask, begin, end - begin, h});
       }
     }
-    i = j;
   }
   // A token alone in its sequence within the call (decode) and without siblings has no rows to
   // group with: when there are at least as many such tokens as workers, its heads are grouped
@@ -489,23 +516,8 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   const int64_t n_tasks = static_cast<int64_t>(tasks.size()) / 4;
   // A sibling task's items walk their shared leading chunks (same block ids, every key at or
   // before every row's position) in the prefill tile, then each item its own chunks from there.
-  auto run_siblings = [&](const Item* items, int32_t n) {
-    int32_t shared = 0;
-    if (sibling_tiles && n >= kMinTileQueries) {
-      shared = std::numeric_limits<int32_t>::max();
-      const int32_t* first = p.block_tables[items[0].token];
-      for (int32_t i = 0; i < n; ++i) {
-        shared = std::min(shared, (p.positions[items[i].token] + 1) / kAttentionChunk);
-      }
-      const int32_t per_block = p.block_size / kAttentionChunk;
-      for (int32_t b = 0; b * per_block < shared; ++b) {
-        bool same = true;
-        for (int32_t i = 1; i < n && same; ++i)
-          same = p.block_tables[items[i].token][b] == first[b];
-        if (!same) shared = b * per_block;
-      }
-    }
-    if (shared == 0) {
+  auto run_siblings = [&](const Item* items, int32_t n, int32_t shared) {
+    if (!sibling_tiles || n < kMinTileQueries || shared == 0) {
       for (int32_t i = 0; i < n; i += kGroupQueries) {
         RunSingle(isa, p, items + i, std::min(kGroupQueries, n - i));
       }
@@ -536,7 +548,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
             if (!is_split[static_cast<int64_t>(token) * p.n_heads + h]) group[n++] = {token, h};
           }
         }
-        if (n > 0) run_siblings(group, n);
+        if (n > 0) run_siblings(group, n, SharedChunks(p, &sibling_rows[t[1]], t[2]));
         return;
       }
       case kRowsTask:

@@ -28,7 +28,8 @@
 // are at least as many as workers) a group of up to 8 heads of one row, whose chunks of one block
 // are adjacent in the pool, or a sibling group: decode rows of different sequences whose first
 // chunks read the same blocks (GRPO samples of one prompt share its blocks), which walk the
-// chunks together so that a shared block is read once for all of them, not once per row (one head
+// chunks together so that a shared block is read once for all of them, not once per row (where
+// that saves at least a twelfth of the rows' chunk reads; one head
 // of up to 8 rows; with AVX-512 the query heads of one kv head of up to 64 / heads-per-kv-head
 // rows, whose shared chunks run in the prefill tile below, one (row, head) per lane, and whose
 // own chunks then continue from each lane's running state); a split task is a run of

@@ -140,6 +140,28 @@ TEST(AttentionSiblings, GroupsAreTheRowsThatShareTheirFirstBlock) {
   EXPECT_EQ(rows, want);
 }
 
+// Rows that share too little of their chunks run alone (their own chunks walk faster with their
+// heads together): 4 rows at positions 1,000-1,003 sharing 1 block save 3 of 252 chunk reads and
+// are not grouped; sharing 40 blocks they are. The bits are the reference's either way.
+TEST(AttentionSiblings, RowsGroupOnlyWhereTheSharedChunksPayOff) {
+  for (int32_t shared_blocks : {1, 40}) {
+    Fixture f(Case{4, 2, 16, 16, {1000, 1001, 1002, 1003}}, 415);
+    MakeSiblings(&f, {0, 0, 0, 0}, {shared_blocks});
+    const std::vector<float> ref = f.Reference();
+    std::vector<float> out(f.q.size());
+    AttentionParams p = f.p;
+    p.out = out.data();
+    AttentionScratch scratch;
+    for (Isa isa : SupportedIsas()) {
+      Attention(isa, p, AttentionKernel::kAuto, nullptr, &scratch);
+      EXPECT_EQ(scratch.sibling_rows.size(), shared_blocks == 1 ? 0u : 4u)
+          << "shared blocks " << shared_blocks << " isa " << IsaName(isa);
+      EXPECT_TRUE(SameBits(ref, out))
+          << "shared blocks " << shared_blocks << " isa " << IsaName(isa);
+    }
+  }
+}
+
 // The running state after `chunks` chunks of row t, head h, by the scalar reference walk.
 AttentionPartial WalkState(const Fixture& f, int32_t t, int32_t h, int32_t chunks) {
   const AttentionParams& p = f.p;

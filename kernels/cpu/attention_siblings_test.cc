@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -90,31 +91,40 @@ std::vector<SiblingCase> SiblingCases() {
   return cases;
 }
 
+// Calls fn(f, bf16, sinks) on the case's siblings over fp32 and bf16 pools, without and with sinks
+// (f.p.sinks set accordingly). Fixture seeds count up from *seed.
+void ForEachPoolAndSinks(const SiblingCase& sc, uint32_t* seed,
+                         const std::function<void(Fixture& f, bool bf16, bool sinks)>& fn) {
+  for (bool bf16 : {false, true}) {
+    Fixture f(sc.c, (*seed)++);
+    MakeSiblings(&f, sc.group, sc.shared_blocks);
+    if (bf16) f.UseBf16Kv();
+    const std::vector<float> sk = Sinks(sc.c.n_heads, *seed);
+    for (bool sinks : {false, true}) {
+      f.p.sinks = sinks ? sk.data() : nullptr;
+      fn(f, bf16, sinks);
+    }
+  }
+}
+
 TEST(AttentionSiblings, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) {
   uint32_t seed = 401;
   for (const SiblingCase& sc : SiblingCases()) {
-    for (bool bf16 : {false, true}) {
-      Fixture f(sc.c, seed++);
-      MakeSiblings(&f, sc.group, sc.shared_blocks);
-      if (bf16) f.UseBf16Kv();
-      const std::vector<float> sk = Sinks(sc.c.n_heads, seed);
-      for (bool sinks : {false, true}) {
-        f.p.sinks = sinks ? sk.data() : nullptr;
-        const std::vector<float> ref = f.Reference();
-        for (Isa isa : SupportedIsas()) {
-          for (int threads : {1, 2, 3, 5}) {
-            ThreadPool pool(threads);
-            for (AttentionKernel k :
-                 {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
-              EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
-                  << "isa " << IsaName(isa) << " threads " << threads << " kernel "
-                  << AttentionKernelName(k) << " heads " << sc.c.n_heads << " bf16 " << bf16
-                  << " sinks " << sinks;
-            }
+    ForEachPoolAndSinks(sc, &seed, [&](Fixture& f, bool bf16, bool sinks) {
+      const std::vector<float> ref = f.Reference();
+      for (Isa isa : SupportedIsas()) {
+        for (int threads : {1, 2, 3, 5}) {
+          ThreadPool pool(threads);
+          for (AttentionKernel k :
+               {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
+            EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+                << "isa " << IsaName(isa) << " threads " << threads << " kernel "
+                << AttentionKernelName(k) << " heads " << sc.c.n_heads << " bf16 " << bf16
+                << " sinks " << sinks;
           }
         }
       }
-    }
+    });
   }
 }
 
@@ -211,42 +221,34 @@ TEST(AttentionSiblings, TileStatesAreTheWalksRunningStates) {
       }
       if (!lanes.empty()) lane_sets.push_back(lanes);
     }
-    for (bool bf16 : {false, true}) {
-      Fixture f(sc.c, seed++);
-      MakeSiblings(&f, sc.group, sc.shared_blocks);
-      if (bf16) f.UseBf16Kv();
-      const std::vector<float> sk = Sinks(sc.c.n_heads, seed);
-      for (bool sinks : {false, true}) {
-        f.p.sinks = sinks ? sk.data() : nullptr;
-        for (int32_t chunks : {1, 4, 5, shared - 1, shared}) {
-          for (const std::vector<internal::TileLane>& lanes : lane_sets) {
-            for (int32_t n : {1, 16, static_cast<int32_t>(lanes.size())}) {
-              std::vector<AttentionPartial> states(n), fused(n);
-              internal::AttentionTileStatesAvx512(f.p, lanes.data(), n, chunks, states.data());
-              internal::AttentionTileStatesAvx512(f.p, lanes.data(), n, chunks, fused.data(),
-                                                  /*fused_for_test=*/true);
-              bool any_fused_differs = false;
-              for (int32_t i = 0; i < n; ++i) {
-                const AttentionPartial want = WalkState(f, lanes[i].row, lanes[i].head, chunks);
-                EXPECT_TRUE(SameState(want, states[i], sc.c.head_dim))
-                    << "row " << lanes[i].row << " head " << lanes[i].head << " chunks " << chunks
-                    << " lanes " << n << " case " << which << " bf16 " << bf16 << " sinks "
-                    << sinks;
-                any_fused_differs = any_fused_differs || !SameState(want, fused[i], sc.c.head_dim);
-              }
-              // One chunk has no o update to fuse: it is copied, or (sinks) merged into o = 0,
-              // where o * a + o_c * b and fma(o_c, b, o * a) are both exactly o_c * b. One lane
-              // may round the same both ways by chance; 16 or more lanes do not.
-              if (chunks > 1 && n >= 16) {
-                EXPECT_TRUE(any_fused_differs)
-                    << "a fused o update should not reproduce the walk's state, chunks " << chunks
-                    << " lanes " << n << " case " << which;
-              }
+    ForEachPoolAndSinks(sc, &seed, [&](Fixture& f, bool bf16, bool sinks) {
+      for (int32_t chunks : {1, 4, 5, shared - 1, shared}) {
+        for (const std::vector<internal::TileLane>& lanes : lane_sets) {
+          for (int32_t n : {1, 16, static_cast<int32_t>(lanes.size())}) {
+            std::vector<AttentionPartial> states(n), fused(n);
+            internal::AttentionTileStatesAvx512(f.p, lanes.data(), n, chunks, states.data());
+            internal::AttentionTileStatesAvx512(f.p, lanes.data(), n, chunks, fused.data(),
+                                                /*fused_for_test=*/true);
+            bool any_fused_differs = false;
+            for (int32_t i = 0; i < n; ++i) {
+              const AttentionPartial want = WalkState(f, lanes[i].row, lanes[i].head, chunks);
+              EXPECT_TRUE(SameState(want, states[i], sc.c.head_dim))
+                  << "row " << lanes[i].row << " head " << lanes[i].head << " chunks " << chunks
+                  << " lanes " << n << " case " << which << " bf16 " << bf16 << " sinks " << sinks;
+              any_fused_differs = any_fused_differs || !SameState(want, fused[i], sc.c.head_dim);
+            }
+            // One chunk has no o update to fuse: it is copied, or (sinks) merged into o = 0,
+            // where o * a + o_c * b and fma(o_c, b, o * a) are both exactly o_c * b. One lane
+            // may round the same both ways by chance; 16 or more lanes do not.
+            if (chunks > 1 && n >= 16) {
+              EXPECT_TRUE(any_fused_differs)
+                  << "a fused o update should not reproduce the walk's state, chunks " << chunks
+                  << " lanes " << n << " case " << which;
             }
           }
         }
       }
-    }
+    });
   }
 }
 

@@ -4,6 +4,7 @@ bitroll_isa_sources(AVX512 ${CMAKE_CURRENT_LIST_DIR}/cpu/attention_avx512.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/attention_tile_avx512.cc)
 target_sources(bitroll_kernels PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/cpu/attention.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cpu/attention_siblings.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/attention_avx2.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/attention_avx512.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/attention_tile_avx512.cc)

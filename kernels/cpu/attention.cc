@@ -2,7 +2,6 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -233,24 +232,6 @@ inline int32_t NumChunks(const AttentionParams& p, int32_t token) {
   return p.positions[token] / kAttentionChunk + 1 - FirstChunk(p, token);
 }
 
-// Of the rows rows[0 .. n) (full attention), the leading chunks that every row reads from the same
-// block ids and that hold only keys at or before every row's position: what a sibling group
-// shares.
-int32_t SharedChunks(const AttentionParams& p, const int32_t* rows, int32_t n) {
-  int32_t shared = std::numeric_limits<int32_t>::max();
-  for (int32_t i = 0; i < n; ++i) {
-    shared = std::min(shared, (p.positions[rows[i]] + 1) / kAttentionChunk);
-  }
-  const int32_t* first = p.block_tables[rows[0]];
-  const int32_t per_block = p.block_size / kAttentionChunk;
-  for (int32_t b = 0; b * per_block < shared; ++b) {
-    for (int32_t i = 1; i < n; ++i) {
-      if (p.block_tables[rows[i]][b] != first[b]) return b * per_block;
-    }
-  }
-  return shared;
-}
-
 // The merge's starting state when the head has a sink: (m = sink, l = 1, o = 0).
 inline void SinkPartial(const AttentionParams& p, int32_t head, AttentionPartial* acc) {
   acc->m = p.sinks[head];
@@ -410,53 +391,33 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     return (t == 0 || p.block_tables[t - 1] != p.block_tables[t]) &&
            (t + 1 == p.n_tokens || p.block_tables[t + 1] != p.block_tables[t]);
   };
-  // Sibling groups (full attention): decode rows alone in their sequence whose first chunk is the
-  // same block (GRPO samples of one prompt, which share its blocks) run together, so a shared
-  // chunk is brought in once for all of them: with the tile, the query heads of one kv head (they
-  // read the same K/V) of up to kTileRows / heads-per-kv-head rows per task, else one head of up
-  // to kGroupQueries rows. Each row still walks its own block table and its own chunks in order.
-  // A group walks its rows' own chunks head by head (4 KB of K or V at a time instead of the
-  // adjacent heads of a head group), which cost 1-4% against rows alone when they share 6% of
-  // their chunks (docs/benchmarks.md, round 6): rows group only where the shared chunks save at
-  // least a twelfth of their chunk reads.
-  std::vector<int32_t>& sibling_rows = s->sibling_rows;
-  std::vector<uint8_t>& in_sibling_group = s->in_sibling_group;
-  std::vector<std::array<int32_t, 3>>& order = s->sibling_order;
-  sibling_rows.clear();
-  in_sibling_group.assign(p.n_tokens, 0);
-  order.clear();
+  // Sibling groups (full attention, attention_siblings.cc): decode rows alone in their sequence
+  // whose tables start with the same blocks (GRPO samples of one prompt share its blocks) run
+  // together, so a shared chunk is brought in once for all of them: with the tile, the query
+  // heads of one kv head (they read the same K/V) of up to kTileRows / heads-per-kv-head rows per
+  // task, else one head of up to kGroupQueries rows. Each row still walks its own block table and
+  // its own chunks in order.
   const int32_t q_per_kv = p.n_heads / p.n_kv_heads;
   const bool sibling_tiles = tiles && q_per_kv <= internal::kTileRows;
   const int32_t sibling_heads = sibling_tiles ? q_per_kv : 1;
   const int32_t sibling_max = sibling_tiles ? internal::kTileRows / q_per_kv : kGroupQueries;
-  const bool siblings = p.window <= 0 && kernel != AttentionKernel::kSplit;
-  for (int32_t t = 0; t < p.n_tokens && siblings; ++t) {
-    if (alone(t)) order.push_back({p.block_tables[t][0], t, 0});
-  }
-  std::sort(order.begin(), order.end());
-  for (size_t i = 0; i < order.size();) {
-    size_t j = i + 1;
-    while (j < order.size() && order[j][0] == order[i][0]) ++j;
-    const int32_t run = static_cast<int32_t>(j - i);
-    const size_t base = sibling_rows.size();
-    for (size_t k = i; k < j; ++k) sibling_rows.push_back(order[k][1]);
-    int64_t reads = 0;  // chunk reads of the run's rows alone
-    for (size_t k = i; k < j; ++k) reads += NumChunks(p, order[k][1]);
-    const int64_t saved =
-        run >= 2 ? int64_t{run - 1} * SharedChunks(p, sibling_rows.data() + base, run) : 0;
-    i = j;
-    if (saved == 0 || 12 * saved < reads) {
-      sibling_rows.resize(base);
-      continue;
+  std::vector<int32_t>& alone_rows = s->alone_rows;
+  alone_rows.clear();
+  if (p.window <= 0 && kernel != AttentionKernel::kSplit) {
+    for (int32_t t = 0; t < p.n_tokens; ++t) {
+      if (alone(t)) alone_rows.push_back(t);
     }
-    const int32_t groups = (run + sibling_max - 1) / sibling_max;
-    for (int32_t g = 0; g < groups; ++g) {  // the run cut evenly
-      const int32_t begin = static_cast<int32_t>(base) + g * run / groups;
-      const int32_t end = static_cast<int32_t>(base) + (g + 1) * run / groups;
-      for (int32_t k = begin; k < end; ++k) in_sibling_group[sibling_rows[k]] = 1;
-      for (int32_t h = 0; h < p.n_heads; h += sibling_heads) {
-        tasks.insert(tasks.end(), {kSiblingsTask, begin, end - begin, h});
-      }
+  }
+  internal::PlanSiblingGroups(p, alone_rows, sibling_max, &s->siblings);
+  const std::vector<int32_t>& sibling_rows = s->siblings.rows;
+  const std::vector<int32_t>& sibling_begin = s->siblings.begin;
+  std::vector<uint8_t>& in_sibling_group = s->in_sibling_group;
+  in_sibling_group.assign(p.n_tokens, 0);
+  for (size_t g = 0; g + 1 < sibling_begin.size(); ++g) {
+    const int32_t begin = sibling_begin[g], end = sibling_begin[g + 1];
+    for (int32_t k = begin; k < end; ++k) in_sibling_group[sibling_rows[k]] = 1;
+    for (int32_t h = 0; h < p.n_heads; h += sibling_heads) {
+      tasks.insert(tasks.end(), {kSiblingsTask, begin, end - begin, h});
     }
   }
   // A token alone in its sequence within the call (decode) and without siblings has no rows to
@@ -548,7 +509,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
             if (!is_split[static_cast<int64_t>(token) * p.n_heads + h]) group[n++] = {token, h};
           }
         }
-        if (n > 0) run_siblings(group, n, SharedChunks(p, &sibling_rows[t[1]], t[2]));
+        if (n > 0) run_siblings(group, n, internal::SharedChunks(p, &sibling_rows[t[1]], t[2]));
         return;
       }
       case kRowsTask:

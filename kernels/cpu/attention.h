@@ -69,7 +69,6 @@
 //   Without window and sinks, nothing changes: the full-attention bits are those of version 1.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -125,12 +124,17 @@ class AttentionScratch {
   std::vector<int64_t> chunk_base;
   std::vector<uint8_t> is_split;
   std::vector<int32_t> tasks;
-  // The decode rows of the call's sibling groups (rows of different sequences that share the K/V
-  // blocks of their first chunks, e.g. the samples of one GRPO prompt), group by group; empty
-  // when the call had none.
-  std::vector<int32_t> sibling_rows;
-  std::vector<uint8_t> in_sibling_group;              // [n_tokens]
-  std::vector<std::array<int32_t, 3>> sibling_order;  // {block, chunk, token} of decode rows
+  // The call's sibling groups (decode rows of different sequences that share the K/V blocks of
+  // their first chunks, e.g. the samples of one GRPO prompt): group g is rows[begin[g] ..
+  // begin[g + 1]); no rows when the call had none.
+  struct SiblingGroups {
+    std::vector<int32_t> rows;
+    std::vector<int32_t> begin;
+    std::vector<int32_t> work, pending;  // planning scratch
+  };
+  SiblingGroups siblings;
+  std::vector<int32_t> alone_rows;
+  std::vector<uint8_t> in_sibling_group;  // [n_tokens]
 };
 
 // Runs attention for every (token, head). `pool` may be nullptr (one worker).

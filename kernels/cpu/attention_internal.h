@@ -83,6 +83,19 @@ void AttentionTileAvx512(const AttentionParams& p, int32_t first, int32_t n, int
 void AttentionTileAvx512FusedForTest(const AttentionParams& p, int32_t first, int32_t n,
                                      int32_t head);
 
+// Sibling groups (full attention): of the decode rows `alone` (each alone in its sequence within
+// the call), those whose tables start with the same block ids, cut into groups of at most
+// max_rows rows. Rows that share more blocks among themselves than with the rest (the samples of
+// one prompt under a system prompt common to several prompts) group on their own; a set of rows
+// groups only where the chunks it shares save at least a twelfth of its rows' chunk reads.
+// Scheduling only: no row's bits depend on it.
+void PlanSiblingGroups(const AttentionParams& p, const std::vector<int32_t>& alone,
+                       int32_t max_rows, AttentionScratch::SiblingGroups* out);
+
+// Of the rows rows[0 .. n) (full attention), the leading chunks that every row reads from the same
+// block ids and that hold only keys at or before every row's position: what they share.
+int32_t SharedChunks(const AttentionParams& p, const int32_t* rows, int32_t n);
+
 // One query of the tile: row `row` (a token of the call), query head `head`.
 struct TileLane {
   int32_t row;

@@ -6,6 +6,7 @@
 // with another o update is caught (negative control).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -138,16 +139,62 @@ TEST(AttentionSiblings, GroupsAreTheRowsThatShareTheirFirstBlock) {
   p.out = out.data();
   AttentionScratch scratch;
   Attention(BestIsa(), p, AttentionKernel::kSingle, nullptr, &scratch);
-  EXPECT_TRUE(scratch.sibling_rows.empty()) << "no shared blocks yet";
+  EXPECT_TRUE(scratch.siblings.rows.empty()) << "no shared blocks yet";
   MakeSiblings(&f, sc.group, sc.shared_blocks);
   Attention(BestIsa(), p, AttentionKernel::kSingle, nullptr, &scratch);
-  std::vector<int32_t> rows = scratch.sibling_rows;
+  std::vector<int32_t> rows = scratch.siblings.rows;
   std::sort(rows.begin(), rows.end());
   std::vector<int32_t> want;
   for (size_t t = 0; t < sc.group.size(); ++t) {
     if (sc.group[t] >= 0) want.push_back(static_cast<int32_t>(t));
   }
   EXPECT_EQ(rows, want);
+}
+
+// A system prompt common to several prompts (4 blocks, in every row's table), two GRPO groups of 8
+// samples with 6 more blocks each, 3 rows that share only the system prompt and 2 rows that
+// share nothing: the groups are the two GRPO groups and the 3 rows (which save 8 of 21 chunk
+// reads), not one group of the 19 rows on the 4 blocks they all share. Every ISA, kernel and
+// thread count gives the reference's bits.
+TEST(AttentionSiblings, RowsThatShareMoreGroupOnTheirOwn) {
+  Case c{4, 2, 16, 16, {}};
+  for (int32_t i = 0; i < 16; ++i) c.positions.push_back(200 + i);
+  for (int32_t i = 0; i < 3; ++i) c.positions.push_back(100 + i);
+  c.positions.push_back(150);
+  c.positions.push_back(151);
+  Fixture f(c, 417);
+  for (int32_t t = 1; t < 19; ++t) {
+    for (int32_t b = 0; b < 10; ++b) {
+      const int32_t leader = b < 4 || t >= 16 ? 0 : t / 8 * 8;
+      if (b < 4 || t < 16) f.tables[t][b] = f.tables[leader][b];
+    }
+  }
+  std::vector<float> out(f.q.size());
+  AttentionParams p = f.p;
+  p.out = out.data();
+  AttentionScratch scratch;
+  Attention(BestIsa(), p, AttentionKernel::kAuto, nullptr, &scratch);
+  std::vector<std::vector<int32_t>> groups;
+  const AttentionScratch::SiblingGroups& sg = scratch.siblings;
+  for (size_t g = 0; g + 1 < sg.begin.size(); ++g) {
+    groups.emplace_back(sg.rows.begin() + sg.begin[g], sg.rows.begin() + sg.begin[g + 1]);
+    std::sort(groups.back().begin(), groups.back().end());
+  }
+  std::sort(groups.begin(), groups.end());
+  const std::vector<std::vector<int32_t>> want = {
+      {0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}, {16, 17, 18}};
+  EXPECT_EQ(groups, want);
+  const std::vector<float> ref = f.Reference();
+  for (Isa isa : SupportedIsas()) {
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      for (AttentionKernel k : {AttentionKernel::kSingle, AttentionKernel::kAuto}) {
+        EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+            << "isa " << IsaName(isa) << " threads " << threads << " kernel "
+            << AttentionKernelName(k);
+      }
+    }
+  }
 }
 
 // Rows that share too little of their chunks run alone (their own chunks walk faster with their
@@ -164,7 +211,7 @@ TEST(AttentionSiblings, RowsGroupOnlyWhereTheSharedChunksPayOff) {
     AttentionScratch scratch;
     for (Isa isa : SupportedIsas()) {
       Attention(isa, p, AttentionKernel::kAuto, nullptr, &scratch);
-      EXPECT_EQ(scratch.sibling_rows.size(), shared_blocks == 1 ? 0u : 4u)
+      EXPECT_EQ(scratch.siblings.rows.size(), shared_blocks == 1 ? 0u : 4u)
           << "shared blocks " << shared_blocks << " isa " << IsaName(isa);
       EXPECT_TRUE(SameBits(ref, out))
           << "shared blocks " << shared_blocks << " isa " << IsaName(isa);

@@ -123,6 +123,7 @@ Result<std::unique_ptr<CpuEngine>> CpuEngine::Create(CpuEngineParts parts) {
     topt.matmul_override = parts.matmul_override != nullptr ? parts.matmul_override : broken_matmul;
     topt.expert_matmul_override = TestBreakExpertMatmulFromEnv();
     topt.test_break_window_chunk = TestBreakWindowChunkFromEnv();
+    topt.test_break_sibling_tile = TestBreakSiblingTileFromEnv();
     topt.trace_position = parts.trace_position;
     topt.trace = std::move(parts.trace);
     BR_ASSIGN_OR_RETURN(e->backend_, Transformer::Create(std::move(parts.weights), topt));

@@ -34,12 +34,13 @@ Result<MatmulFn> TestBreakMatmulFromEnv() {
   if (v == nullptr || *v == '\0') return MatmulFn{nullptr};
   if (std::string(v) == "matmul") return &BatchVariantMatmul;
   if (std::string(v) == "expert_matmul" || std::string(v) == "window_chunk" ||
-      std::string(v) == "late_rebuild") {
+      std::string(v) == "late_rebuild" || std::string(v) == "sibling_tile") {
     return MatmulFn{nullptr};
   }
   return Status::InvalidArgument(std::string(kTestBreakInvarianceEnv) + "='" + v +
                                  "': the test switches are 'matmul', 'expert_matmul', "
-                                 "'window_chunk' and 'late_rebuild' (unset it to serve)");
+                                 "'window_chunk', 'late_rebuild' and 'sibling_tile' (unset it "
+                                 "to serve)");
 }
 
 MatmulFn TestBreakExpertMatmulFromEnv() {
@@ -50,6 +51,11 @@ MatmulFn TestBreakExpertMatmulFromEnv() {
 bool TestBreakWindowChunkFromEnv() {
   const char* v = std::getenv(kTestBreakInvarianceEnv);
   return v != nullptr && std::string(v) == "window_chunk";
+}
+
+bool TestBreakSiblingTileFromEnv() {
+  const char* v = std::getenv(kTestBreakInvarianceEnv);
+  return v != nullptr && std::string(v) == "sibling_tile";
 }
 
 bool TestBreakLateRebuildFromEnv() {

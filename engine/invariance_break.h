@@ -17,8 +17,11 @@
 // of each sequence's rows in the forward call (TransformerOptions::test_break_window_chunk): a
 // window mask that depends on the prefill chunk, on sliding-window models.
 // BITROLL_TEST_BREAK_INVARIANCE=late_rebuild makes a sliding-state rebuild after a prefix hit
-// start one token after its exact bound (SchedulerOptions::test_late_rebuild). Never set it in
-// production. Engines on another device backend ignore it.
+// start one token after its exact bound (SchedulerOptions::test_late_rebuild).
+// BITROLL_TEST_BREAK_INVARIANCE=sibling_tile fuses the o update of the AVX-512 tile that walks the
+// shared chunks of GRPO siblings (AttentionParams::test_fused_sibling_tile): a sample's bits then
+// depend on whether its siblings decode in the same step. Never set it in production. Engines on
+// another device backend ignore it.
 //
 // Thread-safety: BatchVariantMatmul is as thread-safe as kernels::Matmul; TestBreakMatmulFromEnv
 // reads the environment (call it while no thread changes the environment).
@@ -51,6 +54,9 @@ MatmulFn TestBreakExpertMatmulFromEnv();
 
 // True when BITROLL_TEST_BREAK_INVARIANCE is "window_chunk".
 bool TestBreakWindowChunkFromEnv();
+
+// True when BITROLL_TEST_BREAK_INVARIANCE is "sibling_tile".
+bool TestBreakSiblingTileFromEnv();
 
 // True when BITROLL_TEST_BREAK_INVARIANCE is "late_rebuild".
 bool TestBreakLateRebuildFromEnv();

@@ -182,7 +182,8 @@ Result<Mismatches> CheckBatchComposition(const EngineFactory& make, const Sequen
 Result<Mismatches> CheckBatchEqualsSolo(const EngineFactory& make,
                                         const std::vector<SequenceRequest>& batch,
                                         const EngineVariant& variant,
-                                        const std::map<uint64_t, SequenceOutput>* solo) {
+                                        const std::map<uint64_t, SequenceOutput>* solo,
+                                        const char* check) {
   std::map<uint64_t, SequenceOutput> want;
   for (const SequenceRequest& r : batch) {
     if (solo != nullptr && solo->count(r.id) != 0) {
@@ -194,7 +195,7 @@ Result<Mismatches> CheckBatchEqualsSolo(const EngineFactory& make,
   BR_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make(variant));
   BR_ASSIGN_OR_RETURN(auto got, RunToCompletion(*e, batch));
   Mismatches out;
-  Compare("batch",
+  Compare(check,
           "alone vs a batch of " + std::to_string(batch.size()) + " (" + variant.Label() + ")",
           want, got, &out);
   return out;

@@ -97,11 +97,13 @@ Result<Mismatches> CheckBatchComposition(const EngineFactory& make, const Sequen
                                          uint32_t seed = 42);
 
 // batch: every request of `batch`, run together in one engine of `variant`, equals its solo
-// run (default variant); `solo` (may be null) supplies solo runs already made, by id.
+// run (default variant); `solo` (may be null) supplies solo runs already made, by id. `check`
+// names the mismatches' check.
 Result<Mismatches> CheckBatchEqualsSolo(const EngineFactory& make,
                                         const std::vector<SequenceRequest>& batch,
                                         const EngineVariant& variant,
-                                        const std::map<uint64_t, SequenceOutput>* solo = nullptr);
+                                        const std::map<uint64_t, SequenceOutput>* solo = nullptr,
+                                        const char* check = "batch");
 
 // chunking: `r` prefilled whole (step budget and chunk = whole_budget; or `whole`, a run of r
 // already made with its prompt in one step) and in chunks of each of `chunks` tokens: identical

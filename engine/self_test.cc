@@ -260,6 +260,27 @@ Status RunInvarianceSelfTest(const Engine& served, const EngineOptions& options,
     return out;
   }));
 
+  // 5. group: six samples of one prompt (the longest: two whole KV blocks) as a GRPO group,
+  // decoded together, where their attention walks the shared blocks once for the group (sibling
+  // groups, kernels/cpu/attention.h), against each sample alone. Without the prefix cache the
+  // samples share nothing and this is another batch check.
+  BR_RETURN_IF_ERROR(run("group", [&]() -> Result<Mismatches> {
+    std::vector<SequenceRequest> group;
+    for (uint32_t i = 0; i < 6; ++i) {
+      SequenceRequest r = reqs[2];
+      r.id = 200 + i;
+      r.group_id = 200;
+      r.sample_index = i;
+      r.sampling = SamplingParams{};
+      r.sampling.top_p = 0.9f;
+      r.sampling.seed = self_test.seed;
+      group.push_back(std::move(r));
+    }
+    BR_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make({}));
+    BR_ASSIGN_OR_RETURN(const auto alone, RunOneByOne(*e, group));
+    return CheckBatchEqualsSolo(make, group, {}, &alone, "group");
+  }));
+
   report->seconds = Since(t0);
   report->passed = report->mismatches.empty();
   if (!report->passed) {

@@ -15,7 +15,9 @@
 //   4. variants: a short sampled probe (a 5-token prompt, decoding to position 16) on every
 //      ISA this CPU has (scalar, avx2, avx512), and the two shorter requests (8 tokens) on the
 //      "single" and "split" attention kernels (2 threads at least) and, when more than one
-//      thread serves, on 1 thread.
+//      thread serves, on 1 thread;
+//   5. group: six samples of the longest prompt as one GRPO group (they share its KV blocks, and
+//      their decode attention walks the shared blocks once for the group) vs each sample alone.
 // Every check runs; the report lists each with its time, and every mismatch with the run, the
 // request, the first differing token and its recorded vs recomputed id and logprob bits.
 // On stories260K it takes well under a second (docs/benchmarks.md "Start-up self-test").
@@ -45,7 +47,7 @@ struct SelfTestReport {
   bool passed = false;  // every check ran and found no mismatch
   std::string skipped;  // why it did not run
   struct Check {
-    std::string name;  // "batch", "chunking", "prefill_vs_decode", "variants"
+    std::string name;  // "batch", "chunking", "prefill_vs_decode", "variants", "group"
     size_t mismatches = 0;
     double seconds = 0.0;
   };

@@ -66,11 +66,12 @@ TEST(SelfTest, PassesOnEveryIsaHere) {
     EXPECT_TRUE(s.ok()) << s.ToString();
     EXPECT_TRUE(report.ran);
     EXPECT_TRUE(report.passed);
-    ASSERT_EQ(report.checks.size(), 4u);
+    ASSERT_EQ(report.checks.size(), 5u);
     EXPECT_EQ(report.checks[0].name, "batch");
     EXPECT_EQ(report.checks[1].name, "chunking");
     EXPECT_EQ(report.checks[2].name, "prefill_vs_decode");
     EXPECT_EQ(report.checks[3].name, "variants");
+    EXPECT_EQ(report.checks[4].name, "group");
     // Every ISA here is compared, whichever one serves.
     EXPECT_NE(report.Summary().find(kernels::IsaName(kernels::BestIsa())), std::string::npos)
         << report.Summary();
@@ -130,6 +131,32 @@ TEST(SelfTest, ABatchVariantMatmulFailsTheBatchCheck) {
   EXPECT_EQ(v.state, SelfTestVerdict::State::kFailed);
   EXPECT_FALSE(v.ok_to_serve());
   EXPECT_NE(v.reason.find("batch"), std::string::npos);
+}
+
+// GRPO siblings whose shared-chunk tile fuses its o update (the sibling_tile switch): only the
+// group check can see it (no other check decodes samples of one prompt together).
+TEST(SelfTest, AFusedSiblingTileFailsTheGroupCheck) {
+  if (!kernels::IsaSupported(kernels::Isa::kAvx512)) {
+    std::cerr << "*** self_test_test: no avx512; the sibling tile's break is NOT tested ***\n";
+    return;
+  }
+  ScopedEnv broken(kTestBreakInvarianceEnv, "sibling_tile");
+  const EngineOptions o = Stories("avx512");
+  Result<std::unique_ptr<Engine>> e = OpenEngine(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  SelfTestReport report;
+  const Status s = RunInvarianceSelfTest(**e, o, SelfTestOptions{}, &report);
+  std::cerr << report.ToString();
+  EXPECT_EQ(s.code(), ErrorCode::kInternal) << s.ToString();
+  ASSERT_EQ(report.checks.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(report.checks[i].mismatches, 0u) << report.checks[i].name;
+  }
+  EXPECT_EQ(report.checks[4].name, "group");
+  EXPECT_GT(report.checks[4].mismatches, 0u);
+  ASSERT_FALSE(report.mismatches.empty());
+  EXPECT_EQ(report.mismatches.front().check, "group");
+  EXPECT_FALSE(VerdictOf(s, report).ok_to_serve());
 }
 
 TEST(SelfTest, TheBreakSwitchIsInertUnlessSetAndRefusesOtherValues) {

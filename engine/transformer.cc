@@ -303,6 +303,7 @@ Status Transformer::Forward(std::span<const ForwardRow> rows, KvCache* cache, fl
     ap.window = L.window;
     ap.sinks = L.sinks.empty() ? nullptr : L.sinks.data();
     if (opt_.test_break_window_chunk) ap.test_window_anchor = window_anchor_.data();
+    ap.test_fused_sibling_tile = opt_.test_break_sibling_tile;
     trace(l, "qkv", qkv_.data(), qkv_dim, qkv_dim);
     kernels::Attention(isa, ap, opt_.attention, opt_.pool, &attn_scratch_);
     trace(l, "attn", att_.data(), qd, qd);

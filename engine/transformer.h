@@ -78,6 +78,9 @@ struct TransformerOptions {
   // anchored at the first row of each sequence's run in the call (the prefill chunk's start)
   // instead of each query's own position, a mask that depends on chunking. false in production.
   bool test_break_window_chunk = false;
+  // Test seam (BITROLL_TEST_BREAK_INVARIANCE=sibling_tile): AttentionParams::
+  // test_fused_sibling_tile on every layer. false in production.
+  bool test_break_sibling_tile = false;
   int32_t trace_position = -1;
   std::function<void(int32_t layer, const char* op, float* data, int64_t n)> trace;
 };

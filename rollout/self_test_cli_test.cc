@@ -2,16 +2,20 @@
 // (rollout/self_test_gate.h): a healthy build serves after the self-test passed; with the
 // test-only switch BITROLL_TEST_BREAK_INVARIANCE=matmul (engine/invariance_break.h) `serve`
 // refuses to start (exit 1, the failed check on stderr), a remote `replica` does not join, and
-// `self-test` reports the batch check; --skip-self-test starts anyway and logs the warning. The
-// coordinator keeps the verdict it was started with (Coordinator::self_test()).
+// `self-test` reports the batch check; with =sibling_tile `serve` refuses on the group check;
+// --skip-self-test starts anyway and logs the warning. The coordinator keeps the verdict it was
+// started with (Coordinator::self_test()).
 //
 // Every command that might serve runs under timeout(1), so a gate that fails to refuse shows up
 // as exit 124 instead of a hung test.
 #include <gtest/gtest.h>
 
+#include <iostream>
+
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "rollout/cli_test_util.h"
 #include "rollout/coordinator.h"
 #include "rollout/null_engine.h"
@@ -22,13 +26,20 @@ namespace {
 
 const std::string kModel = std::string(BITROLL_MODELS_DIR) + "/stories260K.bin";
 
-// `bitroll ARGS` with the break switch set (or unset), under `timeout -s TERM seconds`.
-CmdResult Bitroll(bool broken, int seconds, const std::vector<std::string>& args) {
-  std::string cmd = std::string(broken ? "env BITROLL_TEST_BREAK_INVARIANCE=matmul"
-                                       : "env -u BITROLL_TEST_BREAK_INVARIANCE") +
+// `bitroll ARGS` with the break switch set to `what` (or unset when empty), under
+// `timeout -s TERM seconds`.
+CmdResult BitrollBroken(const std::string& what, int seconds,
+                        const std::vector<std::string>& args) {
+  std::string cmd = (what.empty() ? std::string("env -u BITROLL_TEST_BREAK_INVARIANCE")
+                                  : "env BITROLL_TEST_BREAK_INVARIANCE=" + what) +
                     " timeout -s TERM " + std::to_string(seconds) + " " + ShellQuote(BITROLL_EXE);
   for (const auto& a : args) cmd += " " + ShellQuote(a);
   return RunShell(cmd);
+}
+
+// The same with the matmul switch (broken) or none.
+CmdResult Bitroll(bool broken, int seconds, const std::vector<std::string>& args) {
+  return BitrollBroken(broken ? "matmul" : "", seconds, args);
 }
 
 std::vector<std::string> Serve(std::vector<std::string> extra = {}) {
@@ -47,7 +58,7 @@ TEST(SelfTestCli, AHealthyServePassesTheSelfTestThenServes) {
   EXPECT_EQ(r.rc, 124) << "serve should run until timeout stops it\n" << r.err;
   EXPECT_TRUE(Has(r.out,
                   "bitroll serve: invariance self-test passed: batch, chunking, "
-                  "prefill_vs_decode, variants"))
+                  "prefill_vs_decode, variants, group"))
       << r.out;
   EXPECT_TRUE(Has(r.out, "bitroll serve: clients tcp://127.0.0.1:")) << r.out;
 }
@@ -84,7 +95,7 @@ TEST(SelfTestCli, TheSelfTestCommandPrintsTheReport) {
   const CmdResult ok = Bitroll(false, 60, {"self-test", "--model", kModel});
   EXPECT_EQ(ok.rc, 0) << ok.out << ok.err;
   EXPECT_EQ(ok.out.rfind("passed: ", 0), 0u) << ok.out;
-  for (const char* check : {"batch", "chunking", "prefill_vs_decode", "variants"}) {
+  for (const char* check : {"batch", "chunking", "prefill_vs_decode", "variants", "group"}) {
     EXPECT_TRUE(Has(ok.out, std::string("  ") + check)) << ok.out;
   }
   const CmdResult bad = Bitroll(true, 60, {"self-test", "--model", kModel});
@@ -92,6 +103,21 @@ TEST(SelfTestCli, TheSelfTestCommandPrintsTheReport) {
   EXPECT_EQ(bad.out.rfind("FAILED: batch: ", 0), 0u) << bad.out;
   EXPECT_TRUE(Has(bad.out, "MISMATCH")) << bad.out;
   EXPECT_TRUE(Has(bad.err, "invariance self-test failed")) << bad.err;
+}
+
+// GRPO siblings whose shared-chunk attention tile fuses its o update (the sibling_tile switch,
+// AVX-512 only): `serve` refuses to start, and the group check names it.
+TEST(SelfTestCli, ServeRefusesToStartWithABrokenSiblingTile) {
+  if (!kernels::IsaSupported(kernels::Isa::kAvx512)) {
+    std::cerr << "*** self_test_cli_test: no avx512; the sibling tile's break is NOT tested ***\n";
+    return;
+  }
+  const CmdResult r = BitrollBroken("sibling_tile", 60, Serve());
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_TRUE(Has(r.err, "bitroll serve: refusing to serve: the invariance self-test failed"))
+      << r.err;
+  EXPECT_TRUE(Has(r.err, "FAILED: group: ")) << r.err;
+  EXPECT_FALSE(Has(r.out, "bitroll serve: clients")) << r.out;
 }
 
 // The verdict a service keeps for Status and /health: the gate's, as the coordinator was given

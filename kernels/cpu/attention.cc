@@ -487,7 +487,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     internal::TileLane lanes[internal::kTileRows];
     for (int32_t i = 0; i < n; ++i) lanes[i] = {items[i].token, items[i].head};
     AttentionPartial states[internal::kTileRows];
-    internal::AttentionTileStatesAvx512(p, lanes, n, shared, states);
+    internal::AttentionTileStatesAvx512(p, lanes, n, shared, states, p.test_fused_sibling_tile);
     for (int32_t i = 0; i < n; i += kGroupQueries) {
       RunSingle(isa, p, items + i, std::min(kGroupQueries, n - i), states + i, shared);
     }

@@ -106,6 +106,10 @@ struct AttentionParams {
   // positions[t] in the window's lower edge, so the mask depends on the call. nullptr in
   // production.
   const int32_t* test_window_anchor = nullptr;
+  // TEST ONLY (BITROLL_TEST_BREAK_INVARIANCE=sibling_tile): sibling groups walk their shared
+  // chunks with the tile's o update fused (one fma instead of two multiplies and an add), so a
+  // GRPO sample's bits depend on whether its siblings share its step. false in production.
+  bool test_fused_sibling_tile = false;
 };
 
 // One chunk's partial for one (token, head): running max, sum of exponentials, value accumulator.

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -195,6 +196,62 @@ TEST(AttentionSiblings, RowsThatShareMoreGroupOnTheirOwn) {
       }
     }
   }
+}
+
+// Random decode batches against the reference: 2-40 rows in up to 3 prompts under an optional
+// system prompt (nested sharing), some rows sharing nothing, random positions past the shared
+// blocks or inside them, GQA or not, fp32 or bf16, sinks or not, 1-4 threads, auto or single.
+TEST(AttentionSiblings, RandomBatchesGiveTheReferenceBits) {
+  std::mt19937 rng(419);
+  auto uniform = [&](int32_t lo, int32_t hi) {
+    return std::uniform_int_distribution<int32_t>(lo, hi)(rng);
+  };
+  int32_t grouped_calls = 0;
+  for (int iter = 0; iter < 40; ++iter) {
+    const int32_t heads = uniform(0, 1) ? 8 : 4, kv = heads / (uniform(0, 1) ? 1 : 4);
+    Case c{heads, kv, uniform(0, 1) ? 16 : 40, uniform(0, 1) ? 16 : 32, {}};
+    const int32_t rows = uniform(2, 40), system = uniform(0, 3), prompts = uniform(1, 3);
+    std::vector<int32_t> prompt_of(rows), own(prompts);
+    for (int32_t& b : own) b = uniform(0, 6);
+    for (int32_t t = 0; t < rows; ++t) {
+      prompt_of[t] = uniform(0, 5) == 0 ? -1 : uniform(0, prompts - 1);  // -1: shares nothing
+      c.positions.push_back(uniform(0, 9) == 0 ? uniform(0, 40) : uniform(20, 300));
+    }
+    Fixture f(c, 500 + iter);
+    // Row t takes blocks [0, system) from row 0's table (if it shares at all) and blocks
+    // [system, system + own[prompt]) from its prompt's first row's table.
+    std::vector<int32_t> leader(prompts, -1);
+    for (int32_t t = 0; t < rows; ++t) {
+      const int32_t g = prompt_of[t];
+      if (g < 0) continue;
+      if (leader[g] < 0) leader[g] = t;
+      std::vector<int32_t>& table = f.tables[t];
+      for (int32_t b = 0; b < static_cast<int32_t>(table.size()); ++b) {
+        const int32_t from = b < system && prompt_of[0] >= 0      ? 0
+                             : b >= system && b < system + own[g] ? leader[g]
+                                                                  : -1;
+        if (from >= 0 && from != t && b < static_cast<int32_t>(f.tables[from].size())) {
+          table[b] = f.tables[from][b];
+        }
+      }
+    }
+    if (uniform(0, 1)) f.UseBf16Kv();
+    const std::vector<float> sk = Sinks(heads, 600 + iter);
+    if (uniform(0, 1)) f.p.sinks = sk.data();
+    const std::vector<float> ref = f.Reference();
+    ThreadPool pool(uniform(1, 4));
+    const AttentionKernel kernel =
+        uniform(0, 1) ? AttentionKernel::kAuto : AttentionKernel::kSingle;
+    std::vector<float> out(f.q.size(), -1.0f);
+    AttentionParams p = f.p;
+    p.out = out.data();
+    AttentionScratch scratch;
+    Attention(BestIsa(), p, kernel, &pool, &scratch);
+    grouped_calls += scratch.siblings.rows.empty() ? 0 : 1;
+    EXPECT_TRUE(SameBits(ref, out)) << "iteration " << iter << " rows " << rows << " heads "
+                                    << heads << "/" << kv << " threads " << pool.size();
+  }
+  EXPECT_GE(grouped_calls, 20) << "most random batches should form sibling groups";
 }
 
 // Rows that share too little of their chunks run alone (their own chunks walk faster with their

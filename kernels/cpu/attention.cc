@@ -217,10 +217,9 @@ void CopyPartial(int32_t head_dim, const AttentionPartial& c, AttentionPartial* 
   std::memcpy(acc->o, c.o, sizeof(float) * head_dim);
 }
 
-struct Item {
-  int32_t token;
-  int32_t head;
-};
+// One (token, head) item: the tile's lane type, so sibling groups hand their items to it as they
+// are.
+using Item = internal::TileLane;
 
 using internal::WindowLo;
 
@@ -244,11 +243,11 @@ inline Item ItemOf(const AttentionParams& p, int64_t index) {
 }
 
 inline const float* QueryOf(const AttentionParams& p, Item it) {
-  return p.q + (static_cast<int64_t>(it.token) * p.n_heads + it.head) * p.head_dim;
+  return p.q + (static_cast<int64_t>(it.row) * p.n_heads + it.head) * p.head_dim;
 }
 
 inline float* OutOf(const AttentionParams& p, Item it) {
-  return p.out + (static_cast<int64_t>(it.token) * p.n_heads + it.head) * p.head_dim;
+  return p.out + (static_cast<int64_t>(it.row) * p.n_heads + it.head) * p.head_dim;
 }
 
 inline int32_t KvHeadOf(const AttentionParams& p, int32_t head) {
@@ -257,8 +256,8 @@ inline int32_t KvHeadOf(const AttentionParams& p, int32_t head) {
 
 // The job of token it's rel-th chunk in its window (chunk FirstChunk + rel).
 inline ChunkJob JobOf(const AttentionParams& p, Item it, int32_t rel) {
-  return {QueryOf(p, it),        p.block_tables[it.token],      KvHeadOf(p, it.head),
-          p.positions[it.token], FirstChunk(p, it.token) + rel, WindowLo(p, it.token)};
+  return {QueryOf(p, it),      p.block_tables[it.row],      KvHeadOf(p, it.head),
+          p.positions[it.row], FirstChunk(p, it.row) + rel, WindowLo(p, it.row)};
 }
 
 // The single-worker kernel for the items (consecutive tokens of one head and one sequence, or
@@ -279,7 +278,7 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
   int32_t max_chunks = 0;
   const bool sink = p.sinks != nullptr;
   for (int32_t i = 0; i < n_queries; ++i) {
-    n_chunks[i] = NumChunks(p, items[i].token);
+    n_chunks[i] = NumChunks(p, items[i].row);
     max_chunks = std::max(max_chunks, n_chunks[i]);
     if (start != nullptr) {
       CopyPartial(p.head_dim, start[i], &acc[i]);
@@ -359,7 +358,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   is_split.assign(n_items, 0);
   int64_t n_partials = 0;
   for (int64_t i = first_split; i < n_items; ++i) {
-    const int32_t n = NumChunks(p, ItemOf(p, i).token);
+    const int32_t n = NumChunks(p, ItemOf(p, i).row);
     if (n < 2 && kernel != AttentionKernel::kSplit) continue;
     split_items.push_back(i);
     chunk_base.push_back(n_partials);
@@ -379,8 +378,8 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   //   kRowsTask {first token, tokens, head}: up to group_max consecutive tokens of one head and
   //     one sequence (same block table), none of them split;
   //   kHeadsTask {token, heads, first head}: consecutive heads of a decode row (below);
-  //   kSiblingsTask {first entry of sibling_rows, rows, first head}: sibling_heads heads of a
-  //     sibling group (below);
+  //   kSiblingsTask {sibling group, 0, first head}: sibling_heads heads of a sibling group
+  //     (below);
   //   kSplitTask {split index, first chunk, chunks}: up to kMaxChunkJobs consecutive chunks of one
   //     split item (fewer when the item has few chunks, so that its chunks still spread over the
   //     workers).
@@ -413,11 +412,12 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   const std::vector<int32_t>& sibling_begin = s->siblings.begin;
   std::vector<uint8_t>& in_sibling_group = s->in_sibling_group;
   in_sibling_group.assign(p.n_tokens, 0);
-  for (size_t g = 0; g + 1 < sibling_begin.size(); ++g) {
-    const int32_t begin = sibling_begin[g], end = sibling_begin[g + 1];
-    for (int32_t k = begin; k < end; ++k) in_sibling_group[sibling_rows[k]] = 1;
+  for (int32_t g = 0; g + 1 < static_cast<int32_t>(sibling_begin.size()); ++g) {
+    for (int32_t k = sibling_begin[g]; k < sibling_begin[g + 1]; ++k) {
+      in_sibling_group[sibling_rows[k]] = 1;
+    }
     for (int32_t h = 0; h < p.n_heads; h += sibling_heads) {
-      tasks.insert(tasks.end(), {kSiblingsTask, begin, end - begin, h});
+      tasks.insert(tasks.end(), {kSiblingsTask, g, 0, h});
     }
   }
   // A token alone in its sequence within the call (decode) and without siblings has no rows to
@@ -465,7 +465,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     if (group_n > 0) tasks.insert(tasks.end(), {kRowsTask, group_first, group_n, h});
   }
   for (size_t k = 0; k < split_items.size(); ++k) {
-    const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).token);
+    const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).row);
     const int32_t per =
         std::clamp<int32_t>((n + workers - 1) / workers, 1, static_cast<int32_t>(kMaxChunkJobs));
     for (int32_t c0 = 0; c0 < n; c0 += per) {
@@ -484,10 +484,8 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
       }
       return;
     }
-    internal::TileLane lanes[internal::kTileRows];
-    for (int32_t i = 0; i < n; ++i) lanes[i] = {items[i].token, items[i].head};
     AttentionPartial states[internal::kTileRows];
-    internal::AttentionTileStatesAvx512(p, lanes, n, shared, states, p.test_fused_sibling_tile);
+    internal::AttentionTileStatesAvx512(p, items, n, shared, states, p.test_fused_sibling_tile);
     for (int32_t i = 0; i < n; i += kGroupQueries) {
       RunSingle(isa, p, items + i, std::min(kGroupQueries, n - i), states + i, shared);
     }
@@ -500,16 +498,16 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         for (int32_t i = 0; i < t[2]; ++i) items[i] = {t[1], t[3] + i};
         RunSingle(isa, p, items, t[2]);
         return;
-      case kSiblingsTask: {  // heads t[3] .. of the rows sibling_rows[t[1] .. t[1] + t[2] - 1]
+      case kSiblingsTask: {               // heads t[3] .. of sibling group t[1]'s rows
         Item group[internal::kTileRows];  // row by row, so a row's heads share its own chunks
         int32_t n = 0;
-        for (int32_t i = 0; i < t[2]; ++i) {
-          const int32_t token = sibling_rows[t[1] + i];
+        for (int32_t k = sibling_begin[t[1]]; k < sibling_begin[t[1] + 1]; ++k) {
+          const int32_t token = sibling_rows[k];
           for (int32_t h = t[3]; h < t[3] + sibling_heads; ++h) {
             if (!is_split[static_cast<int64_t>(token) * p.n_heads + h]) group[n++] = {token, h};
           }
         }
-        if (n > 0) run_siblings(group, n, internal::SharedChunks(p, &sibling_rows[t[1]], t[2]));
+        if (n > 0) run_siblings(group, n, s->siblings.shared[t[1]]);
         return;
       }
       case kRowsTask:
@@ -534,7 +532,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   // Phase 2: one worker per split item merges its partials left to right.
   auto phase2 = [&](int /*worker*/, int64_t k) {
     const Item it = ItemOf(p, split_items[k]);
-    const int32_t n = NumChunks(p, it.token);
+    const int32_t n = NumChunks(p, it.row);
     const AttentionPartial* parts = &s->partials[chunk_base[k]];
     AttentionPartial acc;
     int32_t c = 1;
@@ -560,16 +558,16 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
 void AttentionReference(const AttentionParams& p) {
   for (int64_t i = 0; i < static_cast<int64_t>(p.n_tokens) * p.n_heads; ++i) {
     const Item it = ItemOf(p, i);
-    const int32_t pos = p.positions[it.token];
+    const int32_t pos = p.positions[it.row];
     const float* q = QueryOf(p, it);
     const int32_t kvh = KvHeadOf(p, it.head);
-    const int32_t lo = WindowLo(p, it.token), c0 = lo / kAttentionChunk;
+    const int32_t lo = WindowLo(p, it.row), c0 = lo / kAttentionChunk;
     AttentionPartial acc;
     AttentionPartial part;
     if (p.sinks != nullptr) SinkPartial(p, it.head, &acc);
     for (int32_t c = c0; c <= pos / kAttentionChunk; ++c) {
       AttentionPartial* dst = c == c0 && p.sinks == nullptr ? &acc : &part;
-      internal::ChunkPartialWindowScalar(p, q, kvh, p.block_tables[it.token], pos, lo, c, dst);
+      internal::ChunkPartialWindowScalar(p, q, kvh, p.block_tables[it.row], pos, lo, c, dst);
       if (dst == &part) MergePartial(Isa::kScalar, p.head_dim, &acc, part);
     }
     FinishPartial(Isa::kScalar, p.head_dim, acc, OutOf(p, it));

@@ -28,12 +28,11 @@
 // are at least as many as workers) a group of up to 8 heads of one row, whose chunks of one block
 // are adjacent in the pool, or a sibling group: decode rows of different sequences whose first
 // chunks read the same blocks (GRPO samples of one prompt share its blocks), which walk the
-// chunks together so that a shared block is read once for all of them, not once per row (where
-// that saves at least a twelfth of the rows' chunk reads; one head
-// of up to 8 rows; with AVX-512 the query heads of one kv head of up to 64 / heads-per-kv-head
-// rows, whose shared chunks run in the prefill tile below, one (row, head) per lane, and whose
-// own chunks then continue from each lane's running state); a split task is a run of
-// consecutive chunks of one item.
+// chunks together so that a shared block is read once for all of them, not once per row, where
+// that saves at least a twelfth of the rows' chunk reads (one head of up to 8 rows; with AVX-512
+// the query heads of one kv head of up to 64 / heads-per-kv-head rows, whose shared chunks run
+// in the prefill tile below, one (row, head) per lane, and whose own chunks then continue from
+// each lane's running state); a split task is a run of consecutive chunks of one item.
 // Prefill tile (AVX-512, fp32 or bf16 K/V, full attention or a sliding window, with or without
 // sinks): up to 16 consecutive rows of one sequence and head run with one query per register
 // lane, so the 16 scores of one key, the max and sum trees, the exponentials, the value chains
@@ -130,10 +129,11 @@ class AttentionScratch {
   std::vector<int32_t> tasks;
   // The call's sibling groups (decode rows of different sequences that share the K/V blocks of
   // their first chunks, e.g. the samples of one GRPO prompt): group g is rows[begin[g] ..
-  // begin[g + 1]); no rows when the call had none.
+  // begin[g + 1]), which share their first shared[g] chunks; no rows when the call had none.
   struct SiblingGroups {
     std::vector<int32_t> rows;
     std::vector<int32_t> begin;
+    std::vector<int32_t> shared;
     std::vector<int32_t> work, pending;  // planning scratch
   };
   SiblingGroups siblings;

@@ -88,13 +88,10 @@ void AttentionTileAvx512FusedForTest(const AttentionParams& p, int32_t first, in
 // max_rows rows. Rows that share more blocks among themselves than with the rest (the samples of
 // one prompt under a system prompt common to several prompts) group on their own; a set of rows
 // groups only where the chunks it shares save at least a twelfth of its rows' chunk reads.
-// Scheduling only: no row's bits depend on it.
+// out->shared[g]: the leading chunks group g's rows share (the tile walks those). Scheduling
+// only: no row's bits depend on it.
 void PlanSiblingGroups(const AttentionParams& p, const std::vector<int32_t>& alone,
                        int32_t max_rows, AttentionScratch::SiblingGroups* out);
-
-// Of the rows rows[0 .. n) (full attention), the leading chunks that every row reads from the same
-// block ids and that hold only keys at or before every row's position: what they share.
-int32_t SharedChunks(const AttentionParams& p, const int32_t* rows, int32_t n);
 
 // One query of the tile: row `row` (a token of the call), query head `head`.
 struct TileLane {

@@ -27,6 +27,17 @@ int32_t CommonBlocks(const AttentionParams& p, const int32_t* rows, int32_t n) {
   return blocks;
 }
 
+// Of the rows rows[0 .. n), the leading chunks that every row reads from the same block ids and
+// that hold only keys at or before every row's position: what they share.
+int32_t SharedChunks(const AttentionParams& p, const int32_t* rows, int32_t n) {
+  int32_t shared = std::numeric_limits<int32_t>::max();
+  for (int32_t i = 0; i < n; ++i) {
+    shared = std::min(shared, (p.positions[rows[i]] + 1) / kAttentionChunk);
+  }
+  const int32_t per_block = p.block_size / kAttentionChunk;
+  return std::min(shared, CommonBlocks(p, rows, n) * per_block);
+}
+
 struct Planner {
   const AttentionParams& p;
   int32_t max_rows;
@@ -44,8 +55,11 @@ struct Planner {
     if (saved == 0 || 12 * saved < reads) return;
     const int32_t groups = (n + max_rows - 1) / max_rows;
     for (int32_t g = 0; g < groups; ++g) {  // cut evenly
+      const int32_t* first = rows + g * n / groups;
+      const int32_t* end = rows + (g + 1) * n / groups;
       out->begin.push_back(static_cast<int32_t>(out->rows.size()));
-      out->rows.insert(out->rows.end(), rows + g * n / groups, rows + (g + 1) * n / groups);
+      out->shared.push_back(SharedChunks(p, first, static_cast<int32_t>(end - first)));
+      out->rows.insert(out->rows.end(), first, end);
     }
   }
 
@@ -77,19 +91,11 @@ struct Planner {
 
 }  // namespace
 
-int32_t SharedChunks(const AttentionParams& p, const int32_t* rows, int32_t n) {
-  int32_t shared = std::numeric_limits<int32_t>::max();
-  for (int32_t i = 0; i < n; ++i) {
-    shared = std::min(shared, (p.positions[rows[i]] + 1) / kAttentionChunk);
-  }
-  const int32_t per_block = p.block_size / kAttentionChunk;
-  return std::min(shared, CommonBlocks(p, rows, n) * per_block);
-}
-
 void PlanSiblingGroups(const AttentionParams& p, const std::vector<int32_t>& alone,
                        int32_t max_rows, AttentionScratch::SiblingGroups* out) {
   out->rows.clear();
   out->begin.clear();
+  out->shared.clear();
   out->work.assign(alone.begin(), alone.end());
   std::stable_sort(out->work.begin(), out->work.end(), [&](int32_t x, int32_t y) {
     return p.block_tables[x][0] < p.block_tables[y][0];

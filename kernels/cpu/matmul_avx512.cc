@@ -120,7 +120,7 @@ constexpr auto kTable =
 // prefetch_next: prefetch the next panel into L2 (below), for calls where at least three row
 // groups share each panel (M >= kPrefetchMinRows): batched decode, whose weights come from memory
 // once per call, and prefill chunks, whose first wave of row tasks (one per thread, all on the
-// same cold panels) reads them from memory too while the later tasks find them in L3. With fewer
+// same cold panels) reads them from memory too. With fewer
 // rows the panel is consumed faster than one core's memory bandwidth can refill it, so the
 // prefetches there would only add instructions. Measurements: docs/benchmarks.md, "Matmul for
 // batched decode and prefill" and "Issue 19, round 5".

@@ -213,16 +213,13 @@ struct RunResult {
   double decode_bytes = 0;  // per timed step WeightBytes + its rows' KvBytesAt, summed
 };
 
-// The engine's KV block (engine/cpu_engine.cc): GRPO siblings share a prompt's whole blocks.
-constexpr int32_t kEngineKvBlock = 16;
-
 // `batch` sequences with a `prompt_len`-token prompt, then `gen` generated tokens each. Times the
 // steps before the first token (prefill; default prefill chunking) and the steps in which every
 // row is a decode row, and counts the flops and bytes of the decode rows at their positions.
 // group > 1: GRPO groups of `group` samples (T = 1) of one prompt each, which share its K/V
 // blocks; the bytes of a decode step count a group's shared blocks once (the first
-// (prompt_len - 1) / 16 blocks: the block holding the last prompt row is copied by every sample
-// that recomputes that row).
+// (prompt_len - 1) / B blocks of B = EngineStats::kv_block_tokens tokens: the block holding the
+// last prompt row is copied by every sample that recomputes that row).
 RunResult ContextRun(std::shared_ptr<const engine::ModelWeights> w, const Config& cfg,
                      int prompt_len, int gen, int group = 1) {
   auto e = Make(w, cfg, 4096);
@@ -241,6 +238,7 @@ RunResult ContextRun(std::shared_ptr<const engine::ModelWeights> w, const Config
   }
   const engine::ModelConfig& c = w->config;
   const double weight_bytes = WeightBytes(c, cfg.storage);
+  const int64_t kv_block = e->stats().kv_block_tokens;
   RunResult out;
   bool first_token = false;
   while (e->HasWork()) {
@@ -262,7 +260,7 @@ RunResult ContextRun(std::shared_ptr<const engine::ModelWeights> w, const Config
         out.decode_bytes += KvBytesAt(c, t.position - 1, cfg.kv);
       }
       if (group > 1) {  // every sample but the first of a group reads the shared blocks again
-        const int64_t shared = (prompt_len - 1) / kEngineKvBlock * kEngineKvBlock;
+        const int64_t shared = (prompt_len - 1) / kv_block * kv_block;
         const int64_t repeats = cfg.batch - (cfg.batch + group - 1) / group;
         out.decode_bytes -= repeats * KvBytesAt(c, shared - 1, cfg.kv);
       }

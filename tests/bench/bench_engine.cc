@@ -305,43 +305,63 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
                    kernels::DType weights, const std::string& only) {
   // A context of 16,384 + 64 positions: room for the 16,384-token prompt and its decode steps.
   constexpr int32_t kContext = 16384 + 64;
-  const std::string dir = work + "/stories110m-17k", path = dir + "/model.bin";
-  if (!std::filesystem::exists(path)) {
-    auto shape = engine::NamedShape("stories110m");
-    if (!shape.ok()) return 1;
-    shape->max_seq_len = kContext;
-    std::filesystem::create_directories(dir);
-    std::fprintf(stderr, "writing random-weight stories110m (%d-token context) to %s ...\n",
-                 kContext, path.c_str());
-    if (!engine::WriteRandomModel(*shape, 1, path, dir + "/tokenizer.bin").ok()) {
-      std::fprintf(stderr, "cannot write the model\n");
-      return 1;
+  // stories110m, and the same with 3 kv heads (4 query heads per kv head, the ratio of Llama 3
+  // 8B and Qwen3-8B; "gqa" cases), written once into `work`.
+  auto load = [&](int32_t kv_heads) -> std::shared_ptr<const engine::ModelWeights> {
+    const std::string name = kv_heads == 12 ? "stories110m-17k" : "stories110m-gqa4-17k";
+    const std::string dir = work + "/" + name, path = dir + "/model.bin";
+    if (!std::filesystem::exists(path)) {
+      auto shape = engine::NamedShape("stories110m");
+      if (!shape.ok()) return nullptr;
+      shape->max_seq_len = kContext;
+      shape->n_kv_heads = kv_heads;
+      std::filesystem::create_directories(dir);
+      std::fprintf(stderr, "writing random-weight %s (%d-token context) to %s ...\n", name.c_str(),
+                   kContext, path.c_str());
+      if (!engine::WriteRandomModel(*shape, 1, path, dir + "/tokenizer.bin").ok()) {
+        std::fprintf(stderr, "cannot write the model\n");
+        return nullptr;
+      }
     }
-  }
-  auto lw = engine::LoadModelWeights(path);
-  if (!lw.ok()) {
-    std::fprintf(stderr, "%s: %s\n", path.c_str(), lw.status().ToString().c_str());
-    return 1;
-  }
-  auto w = std::make_shared<const engine::ModelWeights>(std::move(lw).value());
-  const engine::ModelConfig& mc = w->config;
+    auto lw = engine::LoadModelWeights(path);
+    if (!lw.ok()) {
+      std::fprintf(stderr, "%s: %s\n", path.c_str(), lw.status().ToString().c_str());
+      return nullptr;
+    }
+    return std::make_shared<const engine::ModelWeights>(std::move(lw).value());
+  };
   struct Case {
     const char* name;
     int batch, prompt, gen;
     const char* attention;
-    int group = 1;  // samples per GRPO group (1: every prompt its own)
+    int group = 1;     // samples per GRPO group (1: every prompt its own)
+    bool gqa = false;  // the 3-kv-head model
   };
   // The 4,096- and 16,384-token cases report both the prefill of their prompt and the decode
   // after it.
   const Case cases[] = {
-      {"b1 ctx256", 1, 256, 33, "auto"},        {"b1 ctx256 single", 1, 256, 33, "single"},
-      {"b1 ctx256 split", 1, 256, 33, "split"}, {"b1 ctx4096", 1, 4096, 17, "auto"},
-      {"b32 p128+128", 32, 128, 128, "auto"},   {"b1 prompt 512", 1, 512, 1, "auto"},
-      {"b1 ctx16384", 1, 16384, 17, "auto"},    {"b32 group16 p2048+64", 32, 2048, 65, "auto", 16},
+      {"b1 ctx256", 1, 256, 33, "auto"},
+      {"b1 ctx256 single", 1, 256, 33, "single"},
+      {"b1 ctx256 split", 1, 256, 33, "split"},
+      {"b1 ctx4096", 1, 4096, 17, "auto"},
+      {"b32 p128+128", 32, 128, 128, "auto"},
+      {"b1 prompt 512", 1, 512, 1, "auto"},
+      {"b1 ctx16384", 1, 16384, 17, "auto"},
+      {"b32 group16 p2048+64", 32, 2048, 65, "auto", 16},
+      {"gqa b1 ctx4096", 1, 4096, 17, "auto", 1, true},
+      {"gqa b1 ctx16384", 1, 16384, 17, "auto", 1, true},
+      {"gqa b32 p128+128", 32, 128, 128, "auto", 1, true},
   };
   auto selected = [&](const Case& c) {
     return std::string(c.name).find(only) != std::string::npos;
   };
+  std::shared_ptr<const engine::ModelWeights> models[2];  // [gqa]
+  for (const Case& c : cases) {
+    if (selected(c) && models[c.gqa] == nullptr &&
+        (models[c.gqa] = load(c.gqa ? 3 : 12)) == nullptr) {
+      return 1;
+    }
+  }
 
   // The engine runs BestIsa() (EngineOptions::isa "auto") on `threads` threads.
   const kernels::Isa isa = kernels::BestIsa();
@@ -367,6 +387,8 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
     for (size_t i = 0; i < std::size(cases); ++i) {
       const Case& c = cases[i];
       if (!selected(c)) continue;
+      const std::shared_ptr<const engine::ModelWeights>& w = models[c.gqa];
+      const engine::ModelConfig& mc = w->config;
       Config cfg{c.batch, threads, c.attention, weights};
       cfg.kv = kv;
       cfg.kv_cache_bytes = SuiteKvCacheBytes(mc, kv);

@@ -123,11 +123,14 @@ struct AttentionCase {
   // Sequences s and s' with s / group == s' / group share their first shared_blocks block ids
   // (GRPO siblings decoding after one prompt); 0: no sharing.
   int32_t group = 0, shared_blocks = 0;
+  // Head shape: stories110m's by default; the GQA cases take Llama 3 8B's and Qwen3-8B's
+  // (32 query heads over 8 kv heads of 128).
+  int32_t heads = 12, kv_heads = 12, head_dim = 64;
 };
 
 int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecutive,
                    bool hugepages) {
-  constexpr int32_t kHeads = 12, kHeadDim = 64, kBlock = 16;
+  constexpr int32_t kBlock = 16;
   std::vector<AttentionCase> cases;
   cases.push_back({"decode b1 ctx256", {255}, {0}, 1});
   cases.push_back({"decode b1 ctx4096", {4095}, {0}, 1});
@@ -164,6 +167,23 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
              : i == 3 ? "decode b32 ctx129-255 bf16kv"
              : i == 4 ? "decode b32 siblings ctx2048 bf16kv"
                       : "decode b32 siblings p128 ctx2048 bf16kv";
+    c.kv = bk::DType::kBF16;
+    cases.push_back(c);
+  }
+  // Batch-1 and batch-32 decode with grouped-query heads, fp32 and bf16 caches.
+  const char* const gqa_names[4][2] = {
+      {"decode b1 ctx256 gqa", "decode b1 ctx256 gqa bf16kv"},
+      {"decode b1 ctx4096 gqa", "decode b1 ctx4096 gqa bf16kv"},
+      {"decode b1 ctx16384 gqa", "decode b1 ctx16384 gqa bf16kv"},
+      {"decode b32 ctx129-255 gqa", "decode b32 ctx129-255 gqa bf16kv"}};
+  for (size_t i = 0; i < 4; ++i) {
+    AttentionCase c = cases[i];
+    c.heads = 32;
+    c.kv_heads = 8;
+    c.head_dim = 128;
+    c.name = gqa_names[i][0];
+    cases.push_back(c);
+    c.name = gqa_names[i][1];
     c.kv = bk::DType::kBF16;
     cases.push_back(c);
   }
@@ -204,7 +224,8 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
         for (int32_t b = 0; b < c.shared_blocks; ++b) tables[s][b] = tables[leader][b];
       }
     }
-    const int64_t pool_floats = int64_t{2} * n_seq * blocks_per_seq * kHeads * kHeadDim * kBlock;
+    const int64_t pool_floats =
+        int64_t{2} * n_seq * blocks_per_seq * c.kv_heads * c.head_dim * kBlock;
     KvPool<float> kc(pool_floats, hugepages), vc(pool_floats, hugepages);
     for (int64_t i = 0; i < pool_floats; ++i) kc[i] = dist(rng);
     for (int64_t i = 0; i < pool_floats; ++i) vc[i] = dist(rng);
@@ -216,7 +237,7 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
     }
     const double elem = c.kv == bk::DType::kBF16 ? 2.0 : 4.0;
     const int64_t n = static_cast<int64_t>(c.positions.size());
-    std::vector<float> q(n * kHeads * kHeadDim), out(q.size());
+    std::vector<float> q(n * c.heads * c.head_dim), out(q.size());
     for (float& v : q) v = dist(rng);
     std::vector<const int32_t*> row_tables(n);
     // K/V bytes: each decode row reads its whole context, a block shared by several rows
@@ -227,13 +248,14 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
       row_tables[i] = tables[c.sequence[i]].data();
       const int32_t keys = c.window > 0 ? std::min(c.window, c.positions[i] + 1)
                                         : c.positions[i] + 1;  // the keys it attends to
-      flops += 4.0 * kHeads * kHeadDim * keys;
+      flops += 4.0 * c.heads * c.head_dim * keys;
       for (int32_t first = 0; first <= c.positions[i]; first += kBlock) {
         int32_t& most = block_keys[row_tables[i][first / kBlock]];
         most = std::max(most, std::min(kBlock, c.positions[i] + 1 - first));
       }
     }
-    for (const auto& [block, keys] : block_keys) kv_bytes += 2.0 * elem * kHeads * kHeadDim * keys;
+    for (const auto& [block, keys] : block_keys)
+      kv_bytes += 2.0 * elem * c.kv_heads * c.head_dim * keys;
     if (c.rows_per_call > 1 && c.sequence.back() == 0) kv_bytes = 0;  // prefill: not a stream
     for (bk::AttentionKernel kernel :
          {bk::AttentionKernel::kAuto, bk::AttentionKernel::kSingle, bk::AttentionKernel::kSplit}) {
@@ -246,12 +268,12 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
               for (int64_t r0 = 0; r0 < n; r0 += c.rows_per_call) {
                 bk::AttentionParams p;
                 p.n_tokens = static_cast<int32_t>(std::min<int64_t>(c.rows_per_call, n - r0));
-                p.n_heads = kHeads;
-                p.n_kv_heads = kHeads;
-                p.head_dim = kHeadDim;
+                p.n_heads = c.heads;
+                p.n_kv_heads = c.kv_heads;
+                p.head_dim = c.head_dim;
                 p.block_size = kBlock;
-                p.q = q.data() + r0 * kHeads * kHeadDim;
-                p.out = out.data() + r0 * kHeads * kHeadDim;
+                p.q = q.data() + r0 * c.heads * c.head_dim;
+                p.out = out.data() + r0 * c.heads * c.head_dim;
                 p.k_cache = kc.data();
                 p.v_cache = vc.data();
                 if (c.kv == bk::DType::kBF16) {
@@ -261,7 +283,7 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
                 }
                 p.positions = c.positions.data() + r0;
                 p.block_tables = row_tables.data() + r0;
-                p.scale = 0.125f;
+                p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
                 p.window = c.window;
                 bk::Attention(isa, p, kernel, &pool, &scratch);
               }

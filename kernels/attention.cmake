@@ -16,3 +16,7 @@ if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/cpu/attention_siblings_test.cc)
   bitroll_add_test(NAME kernels_attention_siblings_test SOURCES cpu/attention_siblings_test.cc
     LIBS bitroll_kernels TIMEOUT 120)
 endif()
+if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/cpu/attention_gqa_test.cc)
+  bitroll_add_test(NAME kernels_attention_gqa_test SOURCES cpu/attention_gqa_test.cc
+    LIBS bitroll_kernels TIMEOUT 120)
+endif()

@@ -261,12 +261,13 @@ inline ChunkJob JobOf(const AttentionParams& p, Item it, int32_t rel) {
 }
 
 // The single-worker kernel for the items (consecutive tokens of one head and one sequence, or
-// consecutive heads of one token; n_queries <= kGroupQueries): each item walks all its chunks and
-// merges them left to right as they are produced. The items only share the task: their chunks are
-// computed kMaxChunkJobs at a time (the same chunk of several queries, or consecutive chunks of one
-// query), and each partial is merged into its own item's state in chunk order, so every item gets
-// the bits of a one-item, one-chunk-at-a-time walk. With `start`, each item resumes that walk
-// after its first `resume` chunks: start[i] is item i's running state after them.
+// consecutive heads of one token, e.g. a kv unit; n_queries <= kGroupQueries): each item walks all
+// its chunks and merges them left to right as they are produced. The items only share the task:
+// their chunks are computed kMaxChunkJobs at a time (the same chunk of several queries, or
+// consecutive chunks of one query), and each partial is merged into its own item's state in chunk
+// order, so every item gets the bits of a one-item, one-chunk-at-a-time walk. With `start`, each
+// item resumes that walk after its first `resume` chunks: start[i] is item i's running state after
+// them.
 void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_queries,
                const AttentionPartial* start = nullptr, int32_t resume = 0) {
   AttentionPartial acc[kGroupQueries];
@@ -286,32 +287,43 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
       SinkPartial(p, items[i].head, &acc[i]);
     }
   }
+  // A kv unit (the query heads of one row that read one kv head) runs whole chunks per batch,
+  // so that each chunk's jobs read its K/V together, and prefetches the next batch's chunks.
+  bool kv_unit = n_queries > 1;
+  for (int32_t i = 1; i < n_queries && kv_unit; ++i) {
+    kv_unit =
+        items[i].row == items[0].row && KvHeadOf(p, items[i].head) == KvHeadOf(p, items[0].head);
+  }
+  const int32_t batch_chunks = kv_unit ? std::max(1, kMaxChunkJobs / n_queries) : 0;
+  const int32_t batch_jobs = kv_unit ? batch_chunks * n_queries : kMaxChunkJobs;
   int32_t n_jobs = 0;
+  // Each job's partial merges into its own item's state, in job order (chunk order per item).
+  // Runs of jobs with distinct items (one chunk of several prefill rows, or of a decode row's
+  // query heads) are independent merges: AVX-512 and AVX2 run each such run as the lanes of one
+  // register.
+  const bool lanes = isa == Isa::kAvx512 || isa == Isa::kAvx2;
   auto flush = [&] {
     ChunkPartials(isa, p, jobs, n_jobs, parts);
-    // Prefill groups: one chunk of several queries, so every job merges into its own row's state
-    // and the merges are independent: AVX-512 and AVX2 run them as the lanes of one register.
-    bool distinct = (isa == Isa::kAvx512 || isa == Isa::kAvx2) && n_jobs > 1;
-    for (int32_t k = 0; k < n_jobs && distinct; ++k) {
-      distinct = (sink || rel[k] > 0) && (k == 0 || owner[k] > owner[k - 1]);  // one chunk
-    }
-    if (distinct) {
-      AttentionPartial* targets[kMaxChunkJobs];
-      for (int32_t k = 0; k < n_jobs; ++k) targets[k] = &acc[owner[k]];
-      if (isa == Isa::kAvx512) {
-        internal::MergePartialsAvx512(p.head_dim, n_jobs, targets, parts);
-      } else {
-        internal::MergePartialsAvx2(p.head_dim, n_jobs, targets, parts);
+    for (int32_t k = 0; k < n_jobs;) {
+      const bool merges = sink || rel[k] > 0;  // else chunk 0 starts the state
+      int32_t e = k + 1;
+      while (lanes && merges && e < n_jobs && owner[e] > owner[e - 1] && (sink || rel[e] > 0)) {
+        ++e;
       }
-      n_jobs = 0;
-      return;
-    }
-    for (int32_t k = 0; k < n_jobs; ++k) {
-      if (rel[k] == 0 && !sink) {
-        CopyPartial(p.head_dim, parts[k], &acc[owner[k]]);
-      } else {
+      if (e - k > 1) {
+        AttentionPartial* targets[kMaxChunkJobs];
+        for (int32_t j = k; j < e; ++j) targets[j - k] = &acc[owner[j]];
+        if (isa == Isa::kAvx512) {
+          internal::MergePartialsAvx512(p.head_dim, e - k, targets, parts + k);
+        } else {
+          internal::MergePartialsAvx2(p.head_dim, e - k, targets, parts + k);
+        }
+      } else if (merges) {
         MergePartial(isa, p.head_dim, &acc[owner[k]], parts[k]);
+      } else {
+        CopyPartial(p.head_dim, parts[k], &acc[owner[k]]);
       }
+      k = e;
     }
     n_jobs = 0;
   };
@@ -319,9 +331,12 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
     for (int32_t i = 0; i < n_queries; ++i) {
       if (c >= n_chunks[i]) continue;
       jobs[n_jobs] = JobOf(p, items[i], c);
+      if (kv_unit && c + batch_chunks < n_chunks[i]) {
+        jobs[n_jobs].prefetch_chunk = jobs[n_jobs].chunk + batch_chunks;
+      }
       owner[n_jobs] = i;
       rel[n_jobs] = c;
-      if (++n_jobs == kMaxChunkJobs) flush();
+      if (++n_jobs == batch_jobs) flush();
     }
   }
   if (n_jobs > 0) flush();
@@ -340,33 +355,6 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   AttentionScratch local;
   AttentionScratch* s = scratch != nullptr ? scratch : &local;
 
-  // Which items run split. kAuto: the tail of the last wave, when there are idle workers for it.
-  int64_t first_split = n_items;
-  if (kernel == AttentionKernel::kSplit) {
-    first_split = 0;
-  } else if (kernel == AttentionKernel::kAuto && workers > 1) {
-    const int64_t tail = n_items < workers ? n_items : n_items % workers;
-    first_split = n_items - tail;
-  }
-
-  // Split items: their partials laid out item-major in the scratch.
-  std::vector<int64_t>& split_items = s->split_items;
-  std::vector<int64_t>& chunk_base = s->chunk_base;  // first partial of each split item
-  std::vector<uint8_t>& is_split = s->is_split;
-  split_items.clear();
-  chunk_base.clear();
-  is_split.assign(n_items, 0);
-  int64_t n_partials = 0;
-  for (int64_t i = first_split; i < n_items; ++i) {
-    const int32_t n = NumChunks(p, ItemOf(p, i).row);
-    if (n < 2 && kernel != AttentionKernel::kSplit) continue;
-    split_items.push_back(i);
-    chunk_base.push_back(n_partials);
-    is_split[i] = 1;
-    n_partials += n;
-  }
-  if (static_cast<int64_t>(s->partials.size()) < n_partials) s->partials.resize(n_partials);
-
   // Prefill tiles: with AVX-512, a group of at least kMinTileQueries rows runs as tiles of up to
   // kTileRows rows, one query per lane (the same bits; a bf16 pool's K/V are widened span by
   // span; with a sliding window each lane walks only its window's chunks, from its own first
@@ -374,18 +362,6 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   const bool tiles = isa == Isa::kAvx512;
   const int32_t group_max = tiles ? internal::kTileRows : kGroupQueries;
 
-  // Phase 1 tasks, four int32 each, {kind, a, b, c}:
-  //   kRowsTask {first token, tokens, head}: up to group_max consecutive tokens of one head and
-  //     one sequence (same block table), none of them split;
-  //   kHeadsTask {token, heads, first head}: consecutive heads of a decode row (below);
-  //   kSiblingsTask {sibling group, 0, first head}: sibling_heads heads of a sibling group
-  //     (below);
-  //   kSplitTask {split index, first chunk, chunks}: up to kMaxChunkJobs consecutive chunks of one
-  //     split item (fewer when the item has few chunks, so that its chunks still spread over the
-  //     workers).
-  enum : int32_t { kRowsTask, kHeadsTask, kSiblingsTask, kSplitTask };
-  std::vector<int32_t>& tasks = s->tasks;
-  tasks.clear();
   auto alone = [&](int32_t t) {
     return (t == 0 || p.block_tables[t - 1] != p.block_tables[t]) &&
            (t + 1 == p.n_tokens || p.block_tables[t + 1] != p.block_tables[t]);
@@ -416,18 +392,89 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     for (int32_t k = sibling_begin[g]; k < sibling_begin[g + 1]; ++k) {
       in_sibling_group[sibling_rows[k]] = 1;
     }
+  }
+  // A token alone in its sequence within the call (decode) and without siblings is "lone". With
+  // grouped-query attention, a lone row's query heads that read one kv head are one unit of work
+  // (a task, or split as one): each chunk of K/V is brought in once for all of them instead of
+  // once per query head. kv_unit heads per task (a kv head's query heads cut evenly when there
+  // are more than kGroupQueries).
+  auto lone = [&](int32_t t) { return alone(t) && !in_sibling_group[t]; };
+  const bool kv_units = q_per_kv > 1;
+  const int32_t kv_tasks = (q_per_kv + kGroupQueries - 1) / kGroupQueries;
+  const int32_t kv_unit = (q_per_kv + kv_tasks - 1) / kv_tasks;
+  auto unit_heads = [&](int32_t t) { return kv_units && lone(t) ? q_per_kv : 1; };
+  // The heads of the kv_unit run starting at query head h (0 where no run starts at h).
+  auto kv_run = [&](int32_t h) {
+    const int32_t in = h % q_per_kv;
+    return in % kv_unit == 0 ? std::min(kv_unit, q_per_kv - in) : 0;
+  };
+
+  // Which items run split. kAuto: the units of the tail of the last wave, when there are idle
+  // workers for them (all units, when there are fewer than workers).
+  int64_t first_split = n_items;
+  if (kernel == AttentionKernel::kSplit) {
+    first_split = 0;
+  } else if (kernel == AttentionKernel::kAuto && workers > 1) {
+    int64_t units = 0;
+    for (int32_t t = 0; t < p.n_tokens; ++t) units += p.n_heads / unit_heads(t);
+    int64_t tail = units < workers ? units : units % workers;
+    for (int32_t t = p.n_tokens - 1; t >= 0 && tail > 0; --t) {
+      const int32_t per = unit_heads(t);
+      const int64_t take = std::min<int64_t>(tail, p.n_heads / per);
+      first_split = static_cast<int64_t>(t) * p.n_heads + p.n_heads - take * per;
+      tail -= take;
+    }
+  }
+
+  // Split items: their partials laid out item-major in the scratch. split_heads[k]: the query
+  // heads (split items k, k + 1, ...) whose chunks the tasks of split item k compute together:
+  // kv_unit for the first of a lone row's kv_unit heads of one kv head, 0 for the others (their
+  // chunks are computed with it), 1 for every other split item.
+  std::vector<int64_t>& split_items = s->split_items;
+  std::vector<int64_t>& chunk_base = s->chunk_base;  // first partial of each split item
+  std::vector<int32_t>& split_heads = s->split_heads;
+  std::vector<uint8_t>& is_split = s->is_split;
+  split_items.clear();
+  chunk_base.clear();
+  split_heads.clear();
+  is_split.assign(n_items, 0);
+  int64_t n_partials = 0;
+  for (int64_t i = first_split; i < n_items; ++i) {
+    const Item it = ItemOf(p, i);
+    const int32_t n = NumChunks(p, it.row);
+    if (n < 2 && kernel != AttentionKernel::kSplit) continue;
+    split_items.push_back(i);
+    chunk_base.push_back(n_partials);
+    split_heads.push_back(unit_heads(it.row) == 1 ? 1 : kv_run(it.head));
+    is_split[i] = 1;
+    n_partials += n;
+  }
+  if (static_cast<int64_t>(s->partials.size()) < n_partials) s->partials.resize(n_partials);
+
+  // Phase 1 tasks, four int32 each, {kind, a, b, c}:
+  //   kRowsTask {first token, tokens, head}: up to group_max consecutive tokens of one head and
+  //     one sequence (same block table), none of them split;
+  //   kHeadsTask {token, heads, first head}: consecutive heads of a decode row (below);
+  //   kSiblingsTask {sibling group, 0, first head}: sibling_heads heads of a sibling group
+  //     (above);
+  //   kSplitTask {split index, first chunk, chunks}: up to kMaxChunkJobs consecutive chunks of
+  //     split item k's split_heads[k] heads (fewer chunks when the item has few, so that its
+  //     chunks still spread over the workers).
+  enum : int32_t { kRowsTask, kHeadsTask, kSiblingsTask, kSplitTask };
+  std::vector<int32_t>& tasks = s->tasks;
+  tasks.clear();
+  for (int32_t g = 0; g + 1 < static_cast<int32_t>(sibling_begin.size()); ++g) {
     for (int32_t h = 0; h < p.n_heads; h += sibling_heads) {
       tasks.insert(tasks.end(), {kSiblingsTask, g, 0, h});
     }
   }
-  // A token alone in its sequence within the call (decode) and without siblings has no rows to
-  // group with: when there are at least as many such tokens as workers, its heads are grouped
-  // instead: runs of up to head_group consecutive heads (the heads cut evenly), none of them
-  // split, whose chunks are computed together (a block's heads are adjacent in the pool).
-  auto lone = [&](int32_t t) { return alone(t) && !in_sibling_group[t]; };
+  // Lone rows' heads: with grouped-query attention, the kv_run heads of one kv head per task
+  // (none of them split). Otherwise (one query head per kv head), when there are at least as many
+  // lone rows as workers: runs of up to head_group consecutive heads (the heads cut evenly), none
+  // of them split, whose chunks are computed together (a block's heads are adjacent in the pool).
   int32_t n_lone = 0;
   for (int32_t t = 0; t < p.n_tokens; ++t) n_lone += lone(t) ? 1 : 0;
-  const bool head_groups = n_lone >= workers;
+  const bool head_groups = kv_units || n_lone >= workers;
   const int32_t n_head_groups = (p.n_heads + kGroupQueries - 1) / kGroupQueries;
   const int32_t head_group = (p.n_heads + n_head_groups - 1) / n_head_groups;
   for (int32_t t = 0; t < p.n_tokens && head_groups; ++t) {
@@ -438,8 +485,8 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         ++h;
         continue;
       }
-      int32_t n = 1;
-      while (n < head_group && h + n < p.n_heads && !is_split[row + h + n]) ++n;
+      int32_t n = kv_units ? kv_run(h) : 1;  // a kv unit is split or not as a whole
+      while (!kv_units && n < head_group && h + n < p.n_heads && !is_split[row + h + n]) ++n;
       tasks.insert(tasks.end(), {kHeadsTask, t, n, h});
       h += n;
     }
@@ -465,6 +512,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     if (group_n > 0) tasks.insert(tasks.end(), {kRowsTask, group_first, group_n, h});
   }
   for (size_t k = 0; k < split_items.size(); ++k) {
+    if (split_heads[k] == 0) continue;
     const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).row);
     const int32_t per =
         std::clamp<int32_t>((n + workers - 1) / workers, 1, static_cast<int32_t>(kMaxChunkJobs));
@@ -521,10 +569,30 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         return;
       default: {  // kSplitTask
         const int64_t k = t[1];
-        const Item it = ItemOf(p, split_items[k]);
         ChunkJob jobs[kMaxChunkJobs];
-        for (int32_t c = 0; c < t[3]; ++c) jobs[c] = JobOf(p, it, t[2] + c);
-        ChunkPartials(isa, p, jobs, t[3], &s->partials[chunk_base[k] + t[2]]);
+        if (split_heads[k] == 1) {
+          const Item it = ItemOf(p, split_items[k]);
+          for (int32_t c = 0; c < t[3]; ++c) jobs[c] = JobOf(p, it, t[2] + c);
+          ChunkPartials(isa, p, jobs, t[3], &s->partials[chunk_base[k] + t[2]]);
+          return;
+        }
+        // The chunks of heads k .. k + split_heads[k] - 1 (one row, one kv head) chunk-major, so
+        // the jobs of one chunk read its K/V together.
+        AttentionPartial parts[kMaxChunkJobs];
+        AttentionPartial* dst[kMaxChunkJobs];
+        int32_t n_jobs = 0;
+        for (int32_t c = t[2]; c < t[2] + t[3]; ++c) {
+          for (int32_t i = 0; i < split_heads[k]; ++i) {
+            jobs[n_jobs] = JobOf(p, ItemOf(p, split_items[k + i]), c);
+            dst[n_jobs] = &s->partials[chunk_base[k + i] + c];
+            if (++n_jobs < kMaxChunkJobs && !(c + 1 == t[2] + t[3] && i + 1 == split_heads[k])) {
+              continue;
+            }
+            ChunkPartials(isa, p, jobs, n_jobs, parts);
+            for (int32_t j = 0; j < n_jobs; ++j) CopyPartial(p.head_dim, parts[j], dst[j]);
+            n_jobs = 0;
+          }
+        }
         return;
       }
     }

@@ -23,16 +23,19 @@
 // Speed without changing the order: the per-chunk code computes up to 8 chunk partials at once
 // (consecutive chunks of one query, or one chunk of up to 8 consecutive queries of a sequence:
 // prefill rows share their K/V loads), interleaving the independent fma chains of different
-// partials; each partial's own operations and their order are those above. A single-worker task
-// is such a group of queries of one head, or (decode rows, each alone in its sequence, when there
-// are at least as many as workers) a group of up to 8 heads of one row, whose chunks of one block
-// are adjacent in the pool, or a sibling group: decode rows of different sequences whose first
-// chunks read the same blocks (GRPO samples of one prompt share its blocks), which walk the
-// chunks together so that a shared block is read once for all of them, not once per row, where
-// that saves at least a twelfth of the rows' chunk reads (one head of up to 8 rows; with AVX-512
-// the query heads of one kv head of up to 64 / heads-per-kv-head rows, whose shared chunks run
-// in the prefill tile below, one (row, head) per lane, and whose own chunks then continue from
-// each lane's running state); a split task is a run of consecutive chunks of one item.
+// partials; each partial's own operations and their order are those above. A single-worker task is
+// such a group of queries of one head, or (decode rows, each alone in its sequence) the query heads
+// of one row that read one kv head (grouped-query attention: each chunk of K/V is brought in once
+// for all of them, and split as one unit when there are more workers than such units), or (one
+// query head per kv head, with at least as many such rows as workers) a group of up to 8 heads of
+// one row, whose chunks of one block are adjacent in the pool, or a sibling group: decode rows of
+// different sequences whose first chunks read the same blocks (GRPO samples of one prompt share its
+// blocks), which walk the chunks together so that a shared block is read once for all of them, not
+// once per row, where that saves at least a twelfth of the rows' chunk reads (one head of up to 8
+// rows; with AVX-512 the query heads of one kv head of up to 64 / heads-per-kv-head rows, whose
+// shared chunks run in the prefill tile below, one (row, head) per lane, and whose own chunks then
+// continue from each lane's running state); a split task is a run of consecutive chunks of one
+// item, or of each head of such a kv unit.
 // Prefill tile (AVX-512, fp32 or bf16 K/V, full attention or a sliding window, with or without
 // sinks): up to 16 consecutive rows of one sequence and head run with one query per register
 // lane, so the 16 scores of one key, the max and sum trees, the exponentials, the value chains
@@ -126,6 +129,7 @@ class AttentionScratch {
   std::vector<int64_t> split_items;
   std::vector<int64_t> chunk_base;
   std::vector<uint8_t> is_split;
+  std::vector<int32_t> split_heads;  // per split item: the heads its tasks compute (0: none)
   std::vector<int32_t> tasks;
   // The call's sibling groups (decode rows of different sequences that share the K/V blocks of
   // their first chunks, e.g. the samples of one GRPO prompt): group g is rows[begin[g] ..

@@ -46,11 +46,12 @@ inline __m512 MaskLoad16(__mmask16 m, const uint16_t* p) {
 }
 
 // Scores, max, exponentials and their sum for G jobs; the G score chains run interleaved.
-// pj[g][j] receives p_j of job g (0 beyond its causal edge). kSharedKv: every job reads the same
-// chunk (prefill rows of one sequence), so each K row is loaded once for all G chains.
-template <int G, bool kSharedKv, typename T>
+// pj[g][j] receives p_j of job g (0 beyond its causal edge). The jobs come in runs of R that read
+// the same chunk (R = G: prefill rows of one sequence; R = heads per kv head: the query heads of
+// one decode row; R = 1: nothing shared), and each K row is loaded once per run.
+template <int G, int R, typename T>
 void ScoresG(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* jobs,
-             float (*pj)[kAttentionChunk], AttentionPartial* out) {
+             const T* const* pf_k, float (*pj)[kAttentionChunk], AttentionPartial* out) {
   const int32_t hd = p.head_dim;
   const int64_t bs = p.block_size;
   const float* q[G];
@@ -62,16 +63,16 @@ void ScoresG(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* j
     k[g] = cv[g].k;
     acc[g] = _mm512_setzero_ps();
   }
+  static_assert(G % R == 0, "runs of R jobs");
   for (int32_t d = 0; d < hd; ++d) {
-    if constexpr (kSharedKv) {
-      const __m512 kd = Load16(k[0] + d * bs);
 #pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), kd, acc[g]);
-    } else {
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) {
-        acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), Load16(k[g] + d * bs), acc[g]);
+    for (int r = 0; r < G; r += R) {
+      if (pf_k != nullptr && pf_k[r / R] != nullptr) {
+        _mm_prefetch(reinterpret_cast<const char*>(pf_k[r / R] + d * bs), _MM_HINT_T0);
       }
+      const __m512 kd = Load16(k[r] + d * bs);
+#pragma GCC unroll 8
+      for (int g = r; g < r + R; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), kd, acc[g]);
     }
   }
   const __m512 scale = _mm512_set1_ps(p.scale);
@@ -93,7 +94,7 @@ void ScoresG(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* j
 // chain stops at its own n_valid (the masked fma keeps the accumulator unchanged after it).
 // kSharedKv: the H jobs read the same V rows, loaded once for all of them.
 template <int NB, int H, bool kSharedKv, typename T>
-void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView<T>* cv,
+void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView<T>* cv, const T* pf_v,
                  const float (*pj)[kAttentionChunk], AttentionPartial* out) {
   __m512 o[H][NB];
   int32_t jmax = 0;
@@ -106,6 +107,12 @@ void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView<T>* cv,
   for (int32_t j = 0; j < jmax; ++j) {
     if constexpr (kSharedKv) {
       const T* v = cv[0].v + static_cast<int64_t>(j) * hd + d0;
+      if (pf_v != nullptr) {
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; ++b) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf_v + (v - cv[0].v) + 16 * b), _MM_HINT_T0);
+        }
+      }
       __m512 x[NB];
 #pragma GCC unroll 4
       for (int b = 0; b < NB; ++b) {
@@ -146,26 +153,90 @@ void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView<T>* cv,
 
 template <int H, bool kSharedKv, typename T>
 void Values(int32_t hd, const ChunkView<T>* cv, const float (*pj)[kAttentionChunk],
-            AttentionPartial* out) {
+            AttentionPartial* out, const T* pf_v = nullptr) {
   for (int32_t d0 = 0; d0 < hd; d0 += 64) {
     const int32_t left = hd - d0;
     const int32_t nb = std::min<int32_t>(4, (left + 15) / 16);
     const __mmask16 last = Prefix16(left - 16 * (nb - 1));
     switch (nb) {
       case 4:
-        ValuesBlock<4, H, kSharedKv, T>(hd, d0, last, cv, pj, out);
+        ValuesBlock<4, H, kSharedKv, T>(hd, d0, last, cv, pf_v, pj, out);
         break;
       case 3:
-        ValuesBlock<3, H, kSharedKv, T>(hd, d0, last, cv, pj, out);
+        ValuesBlock<3, H, kSharedKv, T>(hd, d0, last, cv, pf_v, pj, out);
         break;
       case 2:
-        ValuesBlock<2, H, kSharedKv, T>(hd, d0, last, cv, pj, out);
+        ValuesBlock<2, H, kSharedKv, T>(hd, d0, last, cv, pf_v, pj, out);
         break;
       default:
-        ValuesBlock<1, H, kSharedKv, T>(hd, d0, last, cv, pj, out);
+        ValuesBlock<1, H, kSharedKv, T>(hd, d0, last, cv, pf_v, pj, out);
         break;
     }
   }
+}
+
+// o of the R jobs of one run, which read the same V rows (loaded once for up to 4 of them);
+// pf_v: V of a later chunk to prefetch meanwhile (nullptr: none).
+template <int R, typename T>
+void ValuesRun(int32_t hd, const ChunkView<T>* cv, const float (*pj)[kAttentionChunk],
+               AttentionPartial* out, const T* pf_v) {
+  if constexpr (R == 1) {
+    Values<1, false, T>(hd, cv, pj, out);
+  } else {
+    int g = 0;
+    for (; g + 4 <= R; g += 4, pf_v = nullptr) {
+      Values<4, true, T>(hd, cv + g, pj + g, out + g, pf_v);
+    }
+    for (; g + 2 <= R; g += 2, pf_v = nullptr) {
+      Values<2, true, T>(hd, cv + g, pj + g, out + g, pf_v);
+    }
+    if (g < R) Values<1, true, T>(hd, cv + g, pj + g, out + g, pf_v);
+  }
+}
+
+// The G jobs in runs of R that read the same chunk (R = 1: none shared). A run whose first job
+// names a prefetch chunk has that chunk's K lines prefetched during its scores and its V lines
+// during its values.
+template <int G, int R, typename T>
+void PartialsRuns(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* jobs,
+                  AttentionPartial* out) {
+  alignas(64) float pj[G][kAttentionChunk];
+  const T* pf_k[G / R];
+  const T* pf_v[G / R];
+  bool prefetch = false;
+#pragma GCC unroll 8
+  for (int r = 0; r < G; r += R) {
+    pf_k[r / R] = pf_v[r / R] = nullptr;
+    if (R > 1 && jobs[r].prefetch_chunk >= 0) {
+      const ChunkView<T> next =
+          ViewChunk<T>(p, jobs[r].kvh, jobs[r].blocks, jobs[r].position, jobs[r].prefetch_chunk);
+      pf_k[r / R] = next.k;
+      pf_v[r / R] = next.v;
+      prefetch = true;
+    }
+  }
+  ScoresG<G, R, T>(p, cv, jobs, prefetch ? pf_k : nullptr, pj, out);
+  if constexpr (R == 1) {  // nothing shared: two jobs' value chains interleaved
+    int g = 0;
+    for (; g + 2 <= G; g += 2) Values<2, false, T>(p.head_dim, cv + g, pj + g, out + g);
+    if (g < G) Values<1, false, T>(p.head_dim, cv + g, pj + g, out + g);
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < G; r += R) {
+      ValuesRun<R, T>(p.head_dim, cv + r, pj + r, out + r, pf_v[r / R]);
+    }
+  }
+}
+
+// Whether the jobs in each run of R (jobs r .. r + R - 1, r a multiple of R) read the same chunk
+// of the same kv head.
+template <int G, typename T>
+bool RunsShare(const ChunkView<T>* cv, int r_len) {
+  for (int g = 0; g < G; ++g) {
+    const int r = g - g % r_len;
+    if (cv[g].k != cv[r].k || cv[g].v != cv[r].v) return false;
+  }
+  return true;
 }
 
 template <int G, typename T>
@@ -175,22 +246,19 @@ void PartialsGT(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial
   for (int g = 0; g < G; ++g) {
     cv[g] = ViewChunk<T>(p, jobs[g].kvh, jobs[g].blocks, jobs[g].position, jobs[g].chunk);
   }
-  alignas(64) float pj[G][kAttentionChunk];
-  bool shared = true;  // every job reads the same chunk of the same kv head
-#pragma GCC unroll 8
-  for (int g = 1; g < G; ++g) shared = shared && cv[g].k == cv[0].k && cv[g].v == cv[0].v;
-  if (G > 1 && shared) {
-    ScoresG<G, true, T>(p, cv, jobs, pj, out);
-    int g = 0;
-    for (; g + 4 <= G; g += 4) Values<4, true, T>(p.head_dim, cv + g, pj + g, out + g);
-    for (; g + 2 <= G; g += 2) Values<2, true, T>(p.head_dim, cv + g, pj + g, out + g);
-    if (g < G) Values<1, true, T>(p.head_dim, cv + g, pj + g, out + g);
-    return;
+  if constexpr (G > 1) {
+    if (RunsShare<G>(cv, G)) return PartialsRuns<G, G, T>(p, cv, jobs, out);
   }
-  ScoresG<G, false, T>(p, cv, jobs, pj, out);
-  int g = 0;
-  for (; g + 2 <= G; g += 2) Values<2, false, T>(p.head_dim, cv + g, pj + g, out + g);
-  if (g < G) Values<1, false, T>(p.head_dim, cv + g, pj + g, out + g);
+  if constexpr (G > 4 && G % 4 == 0) {
+    if (RunsShare<G>(cv, 4)) return PartialsRuns<G, 4, T>(p, cv, jobs, out);
+  }
+  if constexpr (G > 3 && G % 3 == 0) {
+    if (RunsShare<G>(cv, 3)) return PartialsRuns<G, 3, T>(p, cv, jobs, out);
+  }
+  if constexpr (G > 2 && G % 2 == 0) {
+    if (RunsShare<G>(cv, 2)) return PartialsRuns<G, 2, T>(p, cv, jobs, out);
+  }
+  PartialsRuns<G, 1, T>(p, cv, jobs, out);
 }
 
 template <int G>

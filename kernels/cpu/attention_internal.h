@@ -15,6 +15,9 @@ struct ChunkJob {
   int32_t position;
   int32_t chunk;
   int32_t lo = 0;  // first key in the window (0 = none masked below)
+  // A later chunk of the same query and kv head whose K/V the kernel may prefetch while it
+  // computes this one (-1: none). A hint only: it never changes what is computed.
+  int32_t prefetch_chunk = -1;
 };
 
 // The most jobs one ChunkPartials* call takes.

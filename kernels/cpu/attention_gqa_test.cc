@@ -1,0 +1,118 @@
+// Grouped-query attention in decode: a lone decode row's query heads that read one kv head run as
+// one unit (one task, or split as one), so each chunk of K/V is brought in once for all of them.
+// Every ISA, kernel, thread count and cache dtype gives the reference's bits (memcmp), for 2 to 20
+// query heads per kv head, batch 1 and batches mixing decode rows with prefill rows; and the
+// tasks are the units they claim to be (so the bits come from the grouped path, not a fallback).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_test_util.h"
+
+namespace bitroll::kernels {
+namespace {
+
+using namespace attention_test;  // NOLINT: the shared fixture
+
+struct GqaCase {
+  Case c;
+  int32_t window = 0;
+  bool sinks = false;
+};
+
+std::vector<GqaCase> GqaCases() {
+  return {
+      {{32, 8, 64, 16, {700}}},                   // Llama 3 / Qwen3 head ratio, batch 1
+      {{16, 2, 64, 16, {300, 45}}},               // 8 query heads per kv head
+      {{20, 1, 32, 16, {400}}},                   // 20 per kv head: tasks of 7, 7 and 6 heads
+      {{6, 3, 16, 32, {200, 17, 90, 0}}},         // 2 per kv head; a one-chunk row
+      {{12, 4, 64, 16, {3, 31, 600, 255, 256}}},  // 3 per kv head, more rows than workers
+      {{32, 8, 64, 16, {900, 77}}, 100},          // a sliding window
+      {{8, 2, 16, 16, {500}}, 0, true},           // sinks
+  };
+}
+
+TEST(AttentionGqa, DecodeRowsGiveTheReferenceBits) {
+  uint32_t seed = 301;
+  for (bool bf16 : {false, true}) {
+    for (const GqaCase& g : GqaCases()) {
+      Fixture f(g.c, seed++);
+      if (bf16) f.UseBf16Kv();
+      f.p.window = g.window;
+      const std::vector<float> sinks = Sinks(g.c.n_heads, seed);
+      if (g.sinks) f.p.sinks = sinks.data();
+      const std::vector<float> ref = f.Reference();
+      for (Isa isa : SupportedIsas()) {
+        for (int threads : {1, 2, 3, 5}) {
+          ThreadPool pool(threads);
+          for (AttentionKernel k :
+               {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
+            EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+                << "isa " << IsaName(isa) << " threads " << threads << " kernel "
+                << AttentionKernelName(k) << " heads " << g.c.n_heads << "/" << g.c.n_kv_heads
+                << " window " << g.window << " bf16 " << bf16;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Decode rows next to a prefill run of one sequence in the same call (a continuous batch): the
+// prefill rows keep their per-head tasks, the decode rows their kv units.
+TEST(AttentionGqa, MixedPrefillAndDecodeRowsGiveTheReferenceBits) {
+  Case c{32, 8, 64, 16, {}};
+  for (int32_t t = 0; t < 40; ++t) c.positions.push_back(100 + t);  // prefill rows, one sequence
+  c.positions.push_back(530);                                       // two decode rows
+  c.positions.push_back(61);
+  Fixture f(c, 411);
+  for (int32_t t = 0; t < 39; ++t) f.table_ptrs[t] = f.table_ptrs[39];  // the longest table
+  const std::vector<float> ref = f.Reference();
+  for (Isa isa : SupportedIsas()) {
+    for (int threads : {1, 2, 4}) {
+      ThreadPool pool(threads);
+      for (AttentionKernel k :
+           {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
+        EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+            << "isa " << IsaName(isa) << " threads " << threads << " kernel "
+            << AttentionKernelName(k);
+      }
+    }
+  }
+}
+
+// The plan itself: a batch-1 decode row of 32 query heads over 8 kv heads runs as 8 tasks of the
+// 4 heads of one kv head (single-worker), or, split over more workers than units, as split items
+// whose first head computes the chunks of all 4.
+TEST(AttentionGqa, ALoneRowsHeadsOfOneKvHeadAreOneUnit) {
+  Fixture f(Case{32, 8, 64, 16, {700}}, 7);
+  std::vector<float> out(f.q.size());
+  AttentionParams p = f.p;
+  p.out = out.data();
+  ThreadPool pool(2);
+  AttentionScratch s;
+  Attention(Isa::kScalar, p, AttentionKernel::kSingle, &pool, &s);
+  ASSERT_EQ(s.tasks.size(), 8u * 4);
+  for (size_t t = 0; t < 8; ++t) {
+    EXPECT_EQ(s.tasks[4 * t + 2], 4) << "task " << t;            // heads
+    EXPECT_EQ(s.tasks[4 * t + 3], static_cast<int32_t>(4 * t));  // first head
+  }
+  EXPECT_TRUE(s.split_items.empty());
+
+  ThreadPool many(12);
+  Attention(Isa::kScalar, p, AttentionKernel::kAuto, &many, &s);  // 8 units < 12 workers: split
+  ASSERT_EQ(s.split_items.size(), 32u);
+  for (size_t k = 0; k < 32; ++k) EXPECT_EQ(s.split_heads[k], k % 4 == 0 ? 4 : 0) << "item " << k;
+
+  // One query head per kv head: nothing changes (heads run alone at batch 1).
+  Fixture mha(Case{12, 12, 64, 16, {700}}, 8);
+  p = mha.p;
+  p.out = out.data();
+  Attention(Isa::kScalar, p, AttentionKernel::kSingle, &pool, &s);
+  EXPECT_EQ(s.tasks.size(), 12u * 4);
+  for (size_t t = 0; t < 12; ++t) EXPECT_EQ(s.tasks[4 * t + 2], 1) << "task " << t;
+}
+
+}  // namespace
+}  // namespace bitroll::kernels

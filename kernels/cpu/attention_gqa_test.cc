@@ -42,19 +42,10 @@ TEST(AttentionGqa, DecodeRowsGiveTheReferenceBits) {
       f.p.window = g.window;
       const std::vector<float> sinks = Sinks(g.c.n_heads, seed);
       if (g.sinks) f.p.sinks = sinks.data();
-      const std::vector<float> ref = f.Reference();
-      for (Isa isa : SupportedIsas()) {
-        for (int threads : {1, 2, 3, 5}) {
-          ThreadPool pool(threads);
-          for (AttentionKernel k :
-               {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
-            EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
-                << "isa " << IsaName(isa) << " threads " << threads << " kernel "
-                << AttentionKernelName(k) << " heads " << g.c.n_heads << "/" << g.c.n_kv_heads
-                << " window " << g.window << " bf16 " << bf16;
-          }
-        }
-      }
+      ExpectReferenceBits(f, f.Reference(), {1, 2, 3, 5},
+                          "heads " + std::to_string(g.c.n_heads) + "/" +
+                              std::to_string(g.c.n_kv_heads) + " window " +
+                              std::to_string(g.window) + " bf16 " + std::to_string(bf16));
     }
   }
 }
@@ -68,18 +59,7 @@ TEST(AttentionGqa, MixedPrefillAndDecodeRowsGiveTheReferenceBits) {
   c.positions.push_back(61);
   Fixture f(c, 411);
   for (int32_t t = 0; t < 39; ++t) f.table_ptrs[t] = f.table_ptrs[39];  // the longest table
-  const std::vector<float> ref = f.Reference();
-  for (Isa isa : SupportedIsas()) {
-    for (int threads : {1, 2, 4}) {
-      ThreadPool pool(threads);
-      for (AttentionKernel k :
-           {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
-        EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
-            << "isa " << IsaName(isa) << " threads " << threads << " kernel "
-            << AttentionKernelName(k);
-      }
-    }
-  }
+  ExpectReferenceBits(f, f.Reference(), {1, 2, 4}, "40 prefill rows and 2 decode rows");
 }
 
 // The plan itself: a batch-1 decode row of 32 query heads over 8 kv heads runs as 8 tasks of the

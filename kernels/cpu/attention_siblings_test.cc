@@ -113,19 +113,9 @@ TEST(AttentionSiblings, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) 
   uint32_t seed = 401;
   for (const SiblingCase& sc : SiblingCases()) {
     ForEachPoolAndSinks(sc, &seed, [&](Fixture& f, bool bf16, bool sinks) {
-      const std::vector<float> ref = f.Reference();
-      for (Isa isa : SupportedIsas()) {
-        for (int threads : {1, 2, 3, 5}) {
-          ThreadPool pool(threads);
-          for (AttentionKernel k :
-               {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
-            EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
-                << "isa " << IsaName(isa) << " threads " << threads << " kernel "
-                << AttentionKernelName(k) << " heads " << sc.c.n_heads << " bf16 " << bf16
-                << " sinks " << sinks;
-          }
-        }
-      }
+      ExpectReferenceBits(f, f.Reference(), {1, 2, 3, 5},
+                          "heads " + std::to_string(sc.c.n_heads) + " bf16 " +
+                              std::to_string(bf16) + " sinks " + std::to_string(sinks));
     });
   }
 }

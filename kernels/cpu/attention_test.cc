@@ -36,16 +36,8 @@ TEST(Attention, EveryKernelIsaAndThreadCountGivesTheReferenceBits) {
   for (const Case& c : Cases()) {
     Fixture f(c, seed++);
     const std::vector<float> ref = f.Reference();
+    ExpectReferenceBits(f, ref, {1, 2, 3, 4}, "head_dim " + std::to_string(c.head_dim));
     for (Isa isa : SupportedIsas()) {
-      for (int threads : {1, 2, 3, 4}) {
-        ThreadPool pool(threads);
-        for (AttentionKernel k :
-             {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
-          EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
-              << "isa " << IsaName(isa) << " threads " << threads << " kernel "
-              << AttentionKernelName(k) << " head_dim " << c.head_dim;
-        }
-      }
       EXPECT_TRUE(SameBits(ref, f.Run(isa, AttentionKernel::kSplit, nullptr)));
     }
   }
@@ -60,25 +52,15 @@ TEST(Attention, PrefillRowsOfOneSequenceGiveTheReferenceBits) {
     for (int32_t t = 0; t < 70; ++t) c.positions.push_back(t < 37 ? t : t + 90);  // a gap
     Fixture f(c, seed++);
     for (auto& t : f.table_ptrs) t = f.table_ptrs.back();  // one sequence: the longest table
-    const std::vector<float> ref = f.Reference();
-    for (Isa isa : SupportedIsas()) {
-      for (int threads : {1, 2, 3}) {
-        ThreadPool pool(threads);
-        for (AttentionKernel k :
-             {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
-          EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
-              << "isa " << IsaName(isa) << " threads " << threads << " kernel "
-              << AttentionKernelName(k) << " head_dim " << c.head_dim;
-        }
-      }
-    }
+    ExpectReferenceBits(f, f.Reference(), {1, 2, 3}, "head_dim " + std::to_string(c.head_dim));
   }
 }
 
 // Decode-shaped calls (every row its own sequence) with at least as many rows as workers: the
-// single-worker tasks group a row's heads (12 heads: two groups of 6; GQA, so grouped heads share
-// kv heads), and with 5 workers the last row's last 3 heads are split-tail items, so its head run
-// stops before them. fp32 and bf16 caches, every ISA: the reference's bits.
+// single-worker tasks group a row's heads (12 heads over 4 kv heads: units of the 3 heads of one
+// kv head; 20 heads over 20: runs of 7, 7 and 6), and with 5 workers the last units or heads are
+// split-tail items, so the row's head run stops before them. fp32 and bf16 caches, every ISA: the
+// reference's bits.
 TEST(Attention, DecodeRowsWithGroupedHeadsGiveTheReferenceBits) {
   uint32_t seed = 51;
   for (bool bf16 : {false, true}) {
@@ -86,17 +68,9 @@ TEST(Attention, DecodeRowsWithGroupedHeadsGiveTheReferenceBits) {
                           Case{20, 20, 8, 32, {0, 47, 48, 130, 9}}}) {
       Fixture f(c, seed++);
       if (bf16) f.UseBf16Kv();
-      const std::vector<float> ref = f.Reference();
-      for (Isa isa : SupportedIsas()) {
-        for (int threads : {1, 2, 5}) {
-          ThreadPool pool(threads);
-          for (AttentionKernel k : {AttentionKernel::kSingle, AttentionKernel::kAuto}) {
-            EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
-                << "isa " << IsaName(isa) << " threads " << threads << " kernel "
-                << AttentionKernelName(k) << " heads " << c.n_heads << " bf16 " << bf16;
-          }
-        }
-      }
+      ExpectReferenceBits(f, f.Reference(), {1, 2, 5},
+                          "heads " + std::to_string(c.n_heads) + " bf16 " + std::to_string(bf16),
+                          {AttentionKernel::kSingle, AttentionKernel::kAuto});
     }
   }
 }
@@ -126,17 +100,7 @@ TEST(Attention, Bf16KvEveryKernelIsaAndThreadCountGivesTheReferenceBits) {
       AttentionReference(pp);
       EXPECT_TRUE(SameBits(ref, out)) << "bf16 cache vs fp32 cache of the same values";
     }
-    for (Isa isa : SupportedIsas()) {
-      for (int threads : {1, 2, 3}) {
-        ThreadPool pool(threads);
-        for (AttentionKernel k :
-             {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
-          EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
-              << "bf16 kv, isa " << IsaName(isa) << " threads " << threads << " kernel "
-              << AttentionKernelName(k) << " head_dim " << c.head_dim;
-        }
-      }
-    }
+    ExpectReferenceBits(f, ref, {1, 2, 3}, "bf16 kv, head_dim " + std::to_string(c.head_dim));
     if (one_sequence) continue;  // Naive() reads each row's own table
     const std::vector<float> got = f.Run(BestIsa(), AttentionKernel::kAuto, nullptr);
     const std::vector<double> want = f.Naive();
@@ -507,18 +471,10 @@ TEST(AttentionWindow, EveryKernelIsaThreadCountAndDtypeGivesTheReferenceBits) {
           f.p.window = w;
           f.p.sinks = sinks ? sk.data() : nullptr;
           const std::vector<float> ref = f.Reference();
-          for (Isa isa : SupportedIsas()) {
-            for (int threads : {1, 3}) {
-              ThreadPool pool(threads);
-              for (AttentionKernel k :
-                   {AttentionKernel::kSingle, AttentionKernel::kSplit, AttentionKernel::kAuto}) {
-                EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
-                    << "isa " << IsaName(isa) << " threads " << threads << " kernel "
-                    << AttentionKernelName(k) << " W " << w << " sinks " << sinks << " bf16 "
-                    << bf16 << " prefill " << prefill;
-              }
-            }
-          }
+          ExpectReferenceBits(f, ref, {1, 3},
+                              "W " + std::to_string(w) + " sinks " + std::to_string(sinks) +
+                                  " bf16 " + std::to_string(bf16) + " prefill " +
+                                  std::to_string(prefill));
         }
       }
     }

@@ -5,10 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <iostream>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
@@ -150,6 +154,25 @@ inline std::vector<Isa> SupportedIsas() {
 
 inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Every supported ISA, each thread count of `threads` and each kernel of `kernels`: f.Run()
+// gives the bits of `ref` (memcmp). `what` names the case in a failure.
+inline void ExpectReferenceBits(Fixture& f, const std::vector<float>& ref,
+                                std::initializer_list<int> threads, const std::string& what,
+                                std::initializer_list<AttentionKernel> kernels = {
+                                    AttentionKernel::kSingle, AttentionKernel::kSplit,
+                                    AttentionKernel::kAuto}) {
+  for (Isa isa : SupportedIsas()) {
+    for (int t : threads) {
+      ThreadPool pool(t);
+      for (AttentionKernel k : kernels) {
+        EXPECT_TRUE(SameBits(ref, f.Run(isa, k, &pool)))
+            << what << ": isa " << IsaName(isa) << " threads " << t << " kernel "
+            << AttentionKernelName(k);
+      }
+    }
+  }
 }
 
 // Random sink logits, one per query head.

@@ -576,16 +576,22 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
           ChunkPartials(isa, p, jobs, t[3], &s->partials[chunk_base[k] + t[2]]);
           return;
         }
-        // The chunks of heads k .. k + split_heads[k] - 1 (one row, one kv head) chunk-major, so
-        // the jobs of one chunk read its K/V together.
+        // The chunks of heads k .. k + split_heads[k] - 1 (one row, one kv head) chunk-major,
+        // whole chunks per batch, so the jobs of one chunk read its K/V together (as RunSingle
+        // runs a kv unit), prefetching the next batch's chunks.
         AttentionPartial parts[kMaxChunkJobs];
         AttentionPartial* dst[kMaxChunkJobs];
+        const int32_t heads = split_heads[k];
+        const int32_t batch_chunks = std::max(1, kMaxChunkJobs / heads);
+        const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).row);
         int32_t n_jobs = 0;
         for (int32_t c = t[2]; c < t[2] + t[3]; ++c) {
-          for (int32_t i = 0; i < split_heads[k]; ++i) {
+          for (int32_t i = 0; i < heads; ++i) {
             jobs[n_jobs] = JobOf(p, ItemOf(p, split_items[k + i]), c);
+            if (c + batch_chunks < n)
+              jobs[n_jobs].prefetch_chunk = jobs[n_jobs].chunk + batch_chunks;
             dst[n_jobs] = &s->partials[chunk_base[k + i] + c];
-            if (++n_jobs < kMaxChunkJobs && !(c + 1 == t[2] + t[3] && i + 1 == split_heads[k])) {
+            if (++n_jobs < batch_chunks * heads && !(c + 1 == t[2] + t[3] && i + 1 == heads)) {
               continue;
             }
             ChunkPartials(isa, p, jobs, n_jobs, parts);

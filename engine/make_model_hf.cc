@@ -22,6 +22,7 @@ using nlohmann::json;
 
 const HfModelShape kShapes[] = {
     {"qwen3-tiny", "qwen3", 64, 128, 2, 4, 2, 32, 512, 512, 0, 0, 0, 0},
+    {"qwen3-gqa4-tiny", "qwen3", 64, 128, 2, 8, 2, 32, 512, 512, 0, 0, 0, 0},
     {"llama3-tiny", "llama3", 64, 128, 2, 4, 2, 0, 512, 512, 0, 0, 0, 0},
     {"qwen3-moe-tiny", "qwen3_moe", 64, 128, 2, 4, 2, 16, 512, 512, 8, 2, 32, 0},
     {"qwen2-moe-tiny", "qwen2_moe", 64, 128, 2, 4, 2, 0, 512, 512, 8, 2, 32, 64},

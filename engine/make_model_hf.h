@@ -47,6 +47,8 @@ struct HfModelShape {
 // The named shapes (arch, dim, hidden, layers, heads, kv heads, head_dim, vocab, seq; experts,
 // top-k, expert hidden, shared expert hidden):
 //   "qwen3-tiny"      qwen3      64, 128, 2, 4, 2, 32, 512, 512
+//   "qwen3-gqa4-tiny" qwen3      64, 128, 2, 8, 2, 32, 512, 512 (4 query heads per kv head, the
+//                                ratio of Qwen3-8B and Llama 3 8B)
 //   "llama3-tiny"     llama3     64, 128, 2, 4, 2,  -, 512, 512 (rope_scaling llama3: factor 8,
 //                                low 1, high 4, original 64)
 //   "qwen3-moe-tiny"  qwen3_moe  64, 128, 2, 4, 2, 16, 512, 512; 8, 2, 32, -

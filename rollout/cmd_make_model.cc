@@ -23,7 +23,8 @@ int CmdMakeModel(int argc, char** argv) {
               "benchmarks.");
   p.String("--shape", &shape_name,
            "stories110m (default), stories110m-gqa, stories15m, stories260k, tiny, ... "
-           "(engine/make_model.h); qwen3-tiny, llama3-tiny, qwen3-moe-tiny, qwen2-moe-tiny, "
+           "(engine/make_model.h); qwen3-tiny, qwen3-gqa4-tiny, llama3-tiny, qwen3-moe-tiny, "
+           "qwen2-moe-tiny, "
            "moe-100m, moe-100m-dense, swa-tiny, swa-5to1-tiny, hybrid-bench (Hugging Face folders, "
            "engine/make_model_hf.h)",
            "NAME");

@@ -11,6 +11,10 @@
 - --kv-dtype bf16 (flag, and "kv_dtype" in a --config file): fingerprint "cpu-kvbf16", bit-equal to
   `generate --kv-dtype bf16`, and different from the fp32 bits (the negative control: the setting
   really reaches the replica's engine).
+- A grouped-query model at Qwen3-8B's and Llama 3 8B's ratio (make-model qwen3-gqa4-tiny: 8 query
+  heads over 2 kv heads), whose decode rows run as kv units: the default service and the settings
+  that change how its heads are scheduled (--attention split splits each unit, --max-running 1,
+  --isa scalar) bit-equal to `generate`, for both groups (the GRPO group's sibling rows too).
 - A hybrid (sliding-window) model under each --swa-cache policy: served at all (the start-up
   self-test passes), and a group run twice (the second time from the prefix cache, whose sliding
   state the policy keeps, checkpoints or rebuilds) bit-equal to `generate` both times.
@@ -143,6 +147,13 @@ def main():
         with open(cfg, "w") as f:
             json.dump({"kv_dtype": "bf16", "max_step_tokens": 5, "prefix_cache": False}, f)
         serve_case(a, tmp, ["--config", cfg], bf16, "cpu-kvbf16", failures, "config kv_dtype")
+        gqa = os.path.join(tmp, "gqa")
+        subprocess.run([a.bitroll, "make-model", "--shape", "qwen3-gqa4-tiny", "--out", gqa],
+                       check=True, capture_output=True, timeout=120)
+        gref = oc.References(a.bitroll, gqa, tmp)
+        for extra in ([], ["--attention", "split"], ["--max-running", "1"], ["--isa", "scalar"]):
+            serve_case(a, tmp, extra, gref, "cpu", failures,
+                       "gqa4 " + (" ".join(extra) or "default"), model=gqa)
         hybrid = os.path.join(tmp, "hybrid")
         subprocess.run([a.bitroll, "make-model", "--shape", "swa-5to1-tiny", "--out", hybrid],
                        check=True, capture_output=True, timeout=120)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "engine/cpu_engine.h"
+#include "engine/invariance_break.h"
 #include "engine/invariance_checks.h"
 #include "engine/model_weights.h"
 #include "engine/tokenizer.h"
@@ -81,5 +83,15 @@ std::vector<int32_t> RunCSequence(const std::vector<int32_t>& prompt,
 // A random request: BOS + 1..max_prompt random ids, random max_tokens, the given sampling params
 // (engine/invariance_checks.h, shared with the start-up self-test).
 using engine::RandomRequest;
+
+// Sets BITROLL_TEST_BREAK_INVARIANCE (engine/invariance_break.h) to `value` for the scope: engines
+// made meanwhile run the named deliberately broken kernel (the negative controls).
+class ScopedBreak {
+ public:
+  explicit ScopedBreak(const char* value) { ::setenv(engine::kTestBreakInvarianceEnv, value, 1); }
+  ~ScopedBreak() { ::unsetenv(engine::kTestBreakInvarianceEnv); }
+  ScopedBreak(const ScopedBreak&) = delete;
+  ScopedBreak& operator=(const ScopedBreak&) = delete;
+};
 
 }  // namespace bitroll::testing_util

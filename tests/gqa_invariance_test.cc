@@ -20,6 +20,7 @@ namespace {
 using testing_util::EngineSetup;
 using testing_util::Greedy;
 using testing_util::Sampled;
+using testing_util::ScopedBreak;
 
 const char* const kGqa = "qwen3-gqa4-tiny";
 const std::vector<int> kBatchSizes = {2, 3, 8, 17, 32};
@@ -62,12 +63,6 @@ TEST(GqaInvariance, PrefillEqualsDecode) {
 TEST(GqaInvariance, ThreadsAttentionKernelsAndIsas) {
   testing_util::CheckThreadsAttentionKernelsAndIsas(kGqa);
 }
-
-class ScopedBreak {
- public:
-  explicit ScopedBreak(const char* v) { ::setenv(engine::kTestBreakInvarianceEnv, v, 1); }
-  ~ScopedBreak() { ::unsetenv(engine::kTestBreakInvarianceEnv); }
-};
 
 TEST(GqaInvarianceNegativeControl, BatchSizeDependentMatmulIsCaught) {
   EngineSetup s;

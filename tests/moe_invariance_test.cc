@@ -36,6 +36,7 @@ using testing_util::RandomRequest;
 using testing_util::RunAll;
 using testing_util::SameTrajectory;
 using testing_util::Sampled;
+using testing_util::ScopedBreak;
 
 std::shared_ptr<const engine::ModelWeights> Model(const std::string& name) {
   return testing_util::HfShapeModel(name);
@@ -107,12 +108,6 @@ TEST(MoeInvariance, PrefixHitsPreemptionAndDiskTier) {
 }
 
 // ---- negative control ----
-
-class ScopedBreak {
- public:
-  explicit ScopedBreak(const char* v) { ::setenv(engine::kTestBreakInvarianceEnv, v, 1); }
-  ~ScopedBreak() { ::unsetenv(engine::kTestBreakInvarianceEnv); }
-};
 
 TEST(MoeInvarianceNegativeControl, TokenCountDependentExpertMatmulIsCaught) {
   EngineSetup s;

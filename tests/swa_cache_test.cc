@@ -35,6 +35,7 @@ using testing_util::MakeEngine;
 using testing_util::RunAll;
 using testing_util::SameTrajectory;
 using testing_util::Sampled;
+using testing_util::ScopedBreak;
 
 const char* const kModels[] = {"swa-tiny", "swa-5to1-tiny"};
 const char* const kPolicies[] = {"full", "checkpoint:32", "checkpoint:64", "recompute"};
@@ -392,12 +393,6 @@ TEST(SwaCache, BadPoliciesAreTypedErrors) {
 }
 
 // ---- negative control ----
-
-class ScopedBreak {
- public:
-  explicit ScopedBreak(const char* v) { ::setenv(engine::kTestBreakInvarianceEnv, v, 1); }
-  ~ScopedBreak() { ::unsetenv(engine::kTestBreakInvarianceEnv); }
-};
 
 // A rebuild that starts one token after n - L * (W - 1) leaves a key of the last sliding layer's
 // window inexact: the hits must differ from the cold runs. Without the switch, the same runs

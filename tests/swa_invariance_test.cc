@@ -40,6 +40,7 @@ using testing_util::RandomRequest;
 using testing_util::RunAll;
 using testing_util::SameTrajectory;
 using testing_util::Sampled;
+using testing_util::ScopedBreak;
 
 const char* const kSwa = "swa-tiny";
 const char* const kSwa5 = "swa-5to1-tiny";
@@ -241,12 +242,6 @@ TEST(SwaReference, BadSlidingWindowConfigsAreTypedErrors) {
 }
 
 // ---- negative control ----
-
-class ScopedBreak {
- public:
-  explicit ScopedBreak(const char* v) { ::setenv(engine::kTestBreakInvarianceEnv, v, 1); }
-  ~ScopedBreak() { ::unsetenv(engine::kTestBreakInvarianceEnv); }
-};
 
 SequenceRequest LongPrompt() {
   SequenceRequest r = testing_util::Target(1, Sampled());

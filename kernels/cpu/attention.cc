@@ -260,14 +260,29 @@ inline ChunkJob JobOf(const AttentionParams& p, Item it, int32_t rel) {
           p.positions[it.row], FirstChunk(p, it.row) + rel, WindowLo(p, it.row)};
 }
 
+// A kv unit (the query heads of one row that read one kv head) of `heads` heads runs this many
+// whole chunks per batch of jobs, so that each chunk's jobs read its K/V together.
+inline int32_t KvUnitBatchChunks(int32_t heads) {
+  return std::max(1, kMaxChunkJobs / heads);
+}
+
+// JobOf for a kv unit's item with n_chunks chunks: it names the chunk one batch ahead, whose K/V
+// the kernel prefetches meanwhile.
+inline ChunkJob KvUnitJobOf(const AttentionParams& p, Item it, int32_t rel, int32_t n_chunks,
+                            int32_t batch_chunks) {
+  ChunkJob job = JobOf(p, it, rel);
+  if (rel + batch_chunks < n_chunks) job.prefetch_chunk = job.chunk + batch_chunks;
+  return job;
+}
+
 // The single-worker kernel for the items (consecutive tokens of one head and one sequence, or
 // consecutive heads of one token, e.g. a kv unit; n_queries <= kGroupQueries): each item walks all
 // its chunks and merges them left to right as they are produced. The items only share the task:
-// their chunks are computed kMaxChunkJobs at a time (the same chunk of several queries, or
-// consecutive chunks of one query), and each partial is merged into its own item's state in chunk
-// order, so every item gets the bits of a one-item, one-chunk-at-a-time walk. With `start`, each
-// item resumes that walk after its first `resume` chunks: start[i] is item i's running state after
-// them.
+// their chunks are computed up to kMaxChunkJobs at a time (the same chunk of several queries, or
+// consecutive chunks of one query; a kv unit's batches hold whole chunks), and each partial is
+// merged into its own item's state in chunk order, so every item gets the bits of a one-item,
+// one-chunk-at-a-time walk. With `start`, each item resumes that walk after its first `resume`
+// chunks: start[i] is item i's running state after them.
 void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_queries,
                const AttentionPartial* start = nullptr, int32_t resume = 0) {
   AttentionPartial acc[kGroupQueries];
@@ -287,14 +302,13 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
       SinkPartial(p, items[i].head, &acc[i]);
     }
   }
-  // A kv unit (the query heads of one row that read one kv head) runs whole chunks per batch,
-  // so that each chunk's jobs read its K/V together, and prefetches the next batch's chunks.
+  // Whether the items are a kv unit (then: whole chunks per batch, next batch prefetched).
   bool kv_unit = n_queries > 1;
   for (int32_t i = 1; i < n_queries && kv_unit; ++i) {
     kv_unit =
         items[i].row == items[0].row && KvHeadOf(p, items[i].head) == KvHeadOf(p, items[0].head);
   }
-  const int32_t batch_chunks = kv_unit ? std::max(1, kMaxChunkJobs / n_queries) : 0;
+  const int32_t batch_chunks = kv_unit ? KvUnitBatchChunks(n_queries) : 0;
   const int32_t batch_jobs = kv_unit ? batch_chunks * n_queries : kMaxChunkJobs;
   int32_t n_jobs = 0;
   // Each job's partial merges into its own item's state, in job order (chunk order per item).
@@ -330,10 +344,8 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
   for (int32_t c = resume; c < max_chunks; ++c) {  // the jobs chunk-major, then query by query
     for (int32_t i = 0; i < n_queries; ++i) {
       if (c >= n_chunks[i]) continue;
-      jobs[n_jobs] = JobOf(p, items[i], c);
-      if (kv_unit && c + batch_chunks < n_chunks[i]) {
-        jobs[n_jobs].prefetch_chunk = jobs[n_jobs].chunk + batch_chunks;
-      }
+      jobs[n_jobs] =
+          kv_unit ? KvUnitJobOf(p, items[i], c, n_chunks[i], batch_chunks) : JobOf(p, items[i], c);
       owner[n_jobs] = i;
       rel[n_jobs] = c;
       if (++n_jobs == batch_jobs) flush();
@@ -576,29 +588,27 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
           ChunkPartials(isa, p, jobs, t[3], &s->partials[chunk_base[k] + t[2]]);
           return;
         }
-        // The chunks of heads k .. k + split_heads[k] - 1 (one row, one kv head) chunk-major,
-        // whole chunks per batch, so the jobs of one chunk read its K/V together (as RunSingle
-        // runs a kv unit), prefetching the next batch's chunks.
+        // The chunks of heads k .. k + split_heads[k] - 1 (a kv unit) chunk-major, batched as
+        // RunSingle batches a kv unit; each partial goes to its head's slot.
         AttentionPartial parts[kMaxChunkJobs];
         AttentionPartial* dst[kMaxChunkJobs];
         const int32_t heads = split_heads[k];
-        const int32_t batch_chunks = std::max(1, kMaxChunkJobs / heads);
+        const int32_t batch_chunks = KvUnitBatchChunks(heads);
         const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).row);
         int32_t n_jobs = 0;
+        auto flush = [&] {
+          ChunkPartials(isa, p, jobs, n_jobs, parts);
+          for (int32_t j = 0; j < n_jobs; ++j) CopyPartial(p.head_dim, parts[j], dst[j]);
+          n_jobs = 0;
+        };
         for (int32_t c = t[2]; c < t[2] + t[3]; ++c) {
           for (int32_t i = 0; i < heads; ++i) {
-            jobs[n_jobs] = JobOf(p, ItemOf(p, split_items[k + i]), c);
-            if (c + batch_chunks < n)
-              jobs[n_jobs].prefetch_chunk = jobs[n_jobs].chunk + batch_chunks;
+            jobs[n_jobs] = KvUnitJobOf(p, ItemOf(p, split_items[k + i]), c, n, batch_chunks);
             dst[n_jobs] = &s->partials[chunk_base[k + i] + c];
-            if (++n_jobs < batch_chunks * heads && !(c + 1 == t[2] + t[3] && i + 1 == heads)) {
-              continue;
-            }
-            ChunkPartials(isa, p, jobs, n_jobs, parts);
-            for (int32_t j = 0; j < n_jobs; ++j) CopyPartial(p.head_dim, parts[j], dst[j]);
-            n_jobs = 0;
+            if (++n_jobs == batch_chunks * heads) flush();
           }
         }
+        if (n_jobs > 0) flush();
         return;
       }
     }

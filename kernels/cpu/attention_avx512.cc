@@ -180,18 +180,15 @@ void Values(int32_t hd, const ChunkView<T>* cv, const float (*pj)[kAttentionChun
 template <int R, typename T>
 void ValuesRun(int32_t hd, const ChunkView<T>* cv, const float (*pj)[kAttentionChunk],
                AttentionPartial* out, const T* pf_v) {
-  if constexpr (R == 1) {
-    Values<1, false, T>(hd, cv, pj, out);
-  } else {
-    int g = 0;
-    for (; g + 4 <= R; g += 4, pf_v = nullptr) {
-      Values<4, true, T>(hd, cv + g, pj + g, out + g, pf_v);
-    }
-    for (; g + 2 <= R; g += 2, pf_v = nullptr) {
-      Values<2, true, T>(hd, cv + g, pj + g, out + g, pf_v);
-    }
-    if (g < R) Values<1, true, T>(hd, cv + g, pj + g, out + g, pf_v);
+  static_assert(R > 1, "a run shares its V rows");
+  int g = 0;
+  for (; g + 4 <= R; g += 4, pf_v = nullptr) {
+    Values<4, true, T>(hd, cv + g, pj + g, out + g, pf_v);
   }
+  for (; g + 2 <= R; g += 2, pf_v = nullptr) {
+    Values<2, true, T>(hd, cv + g, pj + g, out + g, pf_v);
+  }
+  if (g < R) Values<1, true, T>(hd, cv + g, pj + g, out + g, pf_v);
 }
 
 // The G jobs in runs of R that read the same chunk (R = 1: none shared). A run whose first job

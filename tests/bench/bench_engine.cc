@@ -3,6 +3,7 @@
 //                            [--model stories260K|stories110m] [--batch B] [--threads T]
 //   build/tests/bench_engine --attention-suite [--work DIR] [--reps N] [--threads T]
 //                            [--kv-dtype f32|bf16] [--weights f32|bf16] [--case SUBSTRING]
+//                            [--cases NAME,NAME,...]
 //
 // --attention-suite: the regimes where attention dominates (docs/benchmarks.md, "Attention"), on
 // a random-weight stories110m shape with a 16,448-token context (stories110m-17k, written into
@@ -14,7 +15,8 @@
 // the prompt's K/V blocks), and batch-1 decode at context 256 with the attention kernel forced
 // to single and to split. --kv-dtype / --weights:
 // the KV cache's and the matmul weights' storage; --case: only the cases whose name contains
-// SUBSTRING.
+// SUBSTRING; --cases: only the cases named exactly (scripts/bench-peer.sh runs them this way).
+// An unknown argument or value prints this usage and exits 2.
 // Rooflines in the same process: the FMA peak (the engine's ISA, --threads threads) and the read
 // bandwidth (the same threads, a buffer of max(1 GiB, 4 x L3)) of tests/bench/bench_roofline.h,
 // measured before the first case and after the last; every case is reported against their mean.
@@ -302,7 +304,8 @@ std::string Percent(double value, double limit) {
 }
 
 int AttentionSuite(const std::string& work, int reps, int threads, kernels::DType kv,
-                   kernels::DType weights, const std::string& only) {
+                   kernels::DType weights, const std::string& only,
+                   const std::vector<std::string>& named) {
   // A context of 16,384 + 64 positions: room for the 16,384-token prompt and its decode steps.
   constexpr int32_t kContext = 16384 + 64;
   // stories110m, and the same with 3 kv heads (4 query heads per kv head, the ratio of Llama 3
@@ -352,8 +355,16 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
       {"gqa b1 ctx16384", 1, 16384, 17, "auto", 1, true},
       {"gqa b32 p128+128", 32, 128, 128, "auto", 1, true},
   };
+  for (const std::string& n : named) {
+    if (std::none_of(std::begin(cases), std::end(cases),
+                     [&](const Case& c) { return n == c.name; })) {
+      std::fprintf(stderr, "--cases: no case is named \"%s\"\n", n.c_str());
+      return 2;
+    }
+  }
   auto selected = [&](const Case& c) {
-    return std::string(c.name).find(only) != std::string::npos;
+    return std::string(c.name).find(only) != std::string::npos &&
+           (named.empty() || std::find(named.begin(), named.end(), c.name) != named.end());
   };
   std::shared_ptr<const engine::ModelWeights> models[2];  // [gqa]
   for (const Case& c : cases) {
@@ -504,9 +515,22 @@ int main(int argc, char** argv) {
   int only_batch = 0, only_threads = 0;
   bool attention_suite = false;
   std::string kv_dtype = "f32", weights = "f32", only_case;
+  std::vector<std::string> named_cases;
+  auto usage = [&](int rc) {
+    std::fprintf(rc == 0 ? stdout : stderr,
+                 "usage: %s [--models-dir DIR] [--work DIR] [--reps N] [--quick]\n"
+                 "          [--model stories260K|stories110m] [--batch B] [--threads T]\n"
+                 "       %s --attention-suite [--work DIR] [--reps N] [--threads T]\n"
+                 "          [--kv-dtype f32|bf16] [--weights f32|bf16] [--case SUBSTRING]\n"
+                 "          [--cases NAME,NAME,...]\n",
+                 argv[0], argv[0]);
+    return rc;
+  };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--models-dir" && i + 1 < argc)
+    if (a == "--help" || a == "-h")
+      return usage(0);
+    else if (a == "--models-dir" && i + 1 < argc)
       models_dir = argv[++i];
     else if (a == "--work" && i + 1 < argc)
       work = argv[++i];
@@ -528,13 +552,31 @@ int main(int argc, char** argv) {
       weights = argv[++i];
     else if (a == "--case" && i + 1 < argc)
       only_case = argv[++i];
+    else if (a == "--cases" && i + 1 < argc) {
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        if (comma > at) named_cases.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
+    } else {
+      std::fprintf(stderr, "%s: unknown argument or missing value: %s\n", argv[0], a.c_str());
+      return usage(2);
+    }
+  }
+  for (const std::string* v : {&kv_dtype, &weights}) {
+    if (*v != "f32" && *v != "bf16") {
+      std::fprintf(stderr, "%s: --kv-dtype and --weights take f32 or bf16, not %s\n", argv[0],
+                   v->c_str());
+      return usage(2);
+    }
   }
   std::filesystem::create_directories(work);
   if (attention_suite) {
     return AttentionSuite(work, reps, only_threads > 0 ? only_threads : 2,
                           kv_dtype == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32,
                           weights == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32,
-                          only_case);
+                          only_case, named_cases);
   }
   const std::string m110 = work + "/stories110m/model.bin";
   if (!std::filesystem::exists(m110)) {

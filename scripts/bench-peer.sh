@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# bitroll against llama.cpp on this machine, run by hand (never part of the test suite):
+#   scripts/bench-peer.sh [--reps N] [--threads T] [--kv f32|16|both] [--cases "NAME,NAME"]
+#                         [--work DIR]
+# The cases are bench_engine --attention-suite's (default: b1 ctx256, b1 ctx4096, b32 p128+128,
+# b1 prompt 512; b1 ctx16384 on request), on the stories110m shape with random weights on both
+# sides, greedy, --threads threads (default 2). The peer is llama.cpp as the npm package
+# node-llama-cpp ships it prebuilt (its CPU libraries pick the best backend for the CPU at run
+# time), driven by scripts/peer/bench_llama_cpp.mjs with flash attention on, on a GGUF that
+# scripts/peer/make_gguf.py writes with the same shape. --kv f32 pairs fp32 K/V on both sides,
+# --kv 16 pairs bitroll's bf16 K/V with llama.cpp's default f16 K/V (issue 19's target), both
+# (default) runs the two. Each rep runs bitroll then the peer, the next rep the peer first;
+# prints every run and then, per case, the medians and bitroll / llama.cpp (of the medians, and
+# the range of the per-rep ratios). Needs node and npm (Debian: nodejs npm) and the npm registry
+# once; the peer goes into WORK/peer (default WORK: build/bench-work), about 60 MB.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BITROLL_BUILD_DIR:-$root/build}"
+work="$build/bench-work"
+reps=3
+threads=2
+kv=both
+cases="b1 ctx256,b1 ctx4096,b32 p128+128,b1 prompt 512"
+usage() {
+  sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --reps) reps="${2:?}"; shift 2 ;;
+    --threads) threads="${2:?}"; shift 2 ;;
+    --kv) kv="${2:?}"; shift 2 ;;
+    --cases) cases="${2:?}"; shift 2 ;;
+    --work) work="${2:?}"; shift 2 ;;
+    *) usage ;;
+  esac
+done
+case "$kv" in f32) pairs=("f32 f32") ;; 16) pairs=("bf16 f16") ;; both) pairs=("f32 f32" "bf16 f16") ;; *) usage ;; esac
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "bench-peer: node and npm are needed for the peer (apt-get install nodejs npm)" >&2
+  exit 1
+fi
+
+"$root/scripts/build.sh"
+peer="$work/peer"
+packages=(node-llama-cpp@3.22.1 @node-llama-cpp/linux-x64@3.22.1)
+marker="$peer/.installed-$(printf '%s\n' "${packages[@]}" | md5sum | cut -c1-12)"
+if [ ! -f "$marker" ]; then
+  mkdir -p "$peer"
+  # --ignore-scripts: node-llama-cpp's postinstall would look for a build of its own; the
+  # prebuilt linux-x64 package is what runs. --omit=optional: no CUDA/Vulkan/ARM builds.
+  npm install --prefix "$peer" --no-audit --no-fund --no-save --omit=optional --ignore-scripts \
+    "${packages[@]}" >&2
+  touch "$marker"
+fi
+cp "$root/scripts/peer/bench_llama_cpp.mjs" "$peer/"  # imports resolve from the script's folder
+gguf="$peer/stories110m-17k.gguf"
+[ -f "$gguf" ] || python3 "$root/scripts/peer/make_gguf.py" --out "$gguf" >&2
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+run_bitroll() {  # KV REP
+  echo "# bitroll, kv $1, rep $2" >&2
+  "$build/tests/bench_engine" --attention-suite --work "$work" --reps 1 --threads "$threads" \
+    --kv-dtype "$1" --cases "$cases" |
+    awk -v kv="$1" -v rep="$2" -F' [|] ' '{ print > "/dev/stderr" } /^rep 0 [|]/ {
+      p = $3; d = $4; sub(/prefill /, "", p); sub(/ tok\/s.*/, "", p)
+      sub(/decode /, "", d); sub(/ tok\/s.*/, "", d)
+      print "bitroll\t" kv "\t" $2 "\t" rep "\t" p "\t" d }' >>"$log"
+}
+run_peer() {  # KV REP
+  echo "# llama.cpp, kv $1, rep $2" >&2
+  local IFS=,
+  for c in $cases; do
+    (cd "$peer" && node bench_llama_cpp.mjs --model "$gguf" --case "$c" --threads "$threads" \
+      --kv "$1") |
+      awk -v kv="$1" -v rep="$2" -F' [|] ' '{ print > "/dev/stderr" } /^peer [|]/ {
+        p = $3; d = $4; sub(/prefill /, "", p); sub(/ tok\/s.*/, "", p)
+        sub(/decode /, "", d); sub(/ tok\/s.*/, "", d)
+        print "llama.cpp\t" kv "\t" $2 "\t" rep "\t" p "\t" d }' >>"$log"
+  done
+}
+echo "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u '+%F %H:%M UTC')"
+for pair in "${pairs[@]}"; do
+  read -r bkv pkv <<<"$pair"
+  for ((r = 0; r < reps; ++r)); do
+    if ((r % 2 == 0)); then
+      run_bitroll "$bkv" "$r"
+      run_peer "$pkv" "$r"
+    else
+      run_peer "$pkv" "$r"
+      run_bitroll "$bkv" "$r"
+    fi
+  done
+done
+python3 - "$log" <<'PY'
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+runs = {}  # (bitroll kv, case, side, rep) -> (prefill, decode)
+pair = {"f32": "f32", "bf16": "bf16", "f16": "bf16"}  # a peer kv -> the bitroll kv it is paired with
+for side, kv, case, rep, p, d in rows:
+    f = lambda v: None if v == "-" else float(v)
+    runs[(pair[kv], case, side, rep)] = (f(p), f(d))
+print("\n| K/V (bitroll / llama.cpp) | case | phase | bitroll tok/s | llama.cpp tok/s | ratio of medians | per-rep ratios |")
+print("|---|---|---|---|---|---|---|")
+for bkv in dict.fromkeys(k[0] for k in runs):
+    for case in dict.fromkeys(k[1] for k in runs if k[0] == bkv):
+        reps = sorted({k[3] for k in runs if k[0] == bkv and k[1] == case})
+        for i, phase in enumerate(("prefill", "decode")):
+            b = [runs.get((bkv, case, "bitroll", r), (None, None))[i] for r in reps]
+            l = [runs.get((bkv, case, "llama.cpp", r), (None, None))[i] for r in reps]
+            pairs = [(x, y) for x, y in zip(b, l) if x and y]
+            if not pairs:
+                continue
+            mb = statistics.median(x for x, _ in pairs)
+            ml = statistics.median(y for _, y in pairs)
+            ratios = sorted(x / y for x, y in pairs)
+            kvname = "bf16 / f16" if bkv == "bf16" else "f32 / f32"
+            print("| %s | %s | %s | %.1f | %.1f | %.2fx | %.2f-%.2f |" %
+                  (kvname, case, phase, mb, ml, mb / ml, ratios[0], ratios[-1]))
+PY

@@ -3,16 +3,18 @@
 #   scripts/bench-peer.sh [--reps N] [--threads T] [--kv f32|16|both] [--cases "NAME,NAME"]
 #                         [--work DIR]
 # The cases are bench_engine --attention-suite's (default: b1 ctx256, b1 ctx4096, b32 p128+128,
-# b1 prompt 512; b1 ctx16384 on request), on the stories110m shape with random weights on both
-# sides, greedy, --threads threads (default 2). The peer is llama.cpp as the npm package
-# node-llama-cpp ships it prebuilt (its CPU libraries pick the best backend for the CPU at run
-# time), driven by scripts/peer/bench_llama_cpp.mjs with flash attention on, on a GGUF that
+# b1 prompt 512; on request b1 ctx16384 and the "gqa" cases, with 3 kv heads: gqa b1 ctx4096,
+# gqa b1 ctx16384, gqa b32 p128+128), on the stories110m shape with random weights on both sides,
+# greedy, --threads threads (default 2). The peer is llama.cpp as the npm package node-llama-cpp
+# ships it prebuilt (its CPU libraries pick the best backend for the CPU at run time), driven by
+# scripts/peer/bench_llama_cpp.mjs with flash attention on, on a GGUF that
 # scripts/peer/make_gguf.py writes with the same shape. --kv f32 pairs fp32 K/V on both sides,
 # --kv 16 pairs bitroll's bf16 K/V with llama.cpp's default f16 K/V (issue 19's target), both
 # (default) runs the two. Each rep runs bitroll then the peer, the next rep the peer first;
 # prints every run and then, per case, the medians and bitroll / llama.cpp (of the medians, and
 # the range of the per-rep ratios). Needs node and npm (Debian: nodejs npm) and the npm registry
-# once; the peer goes into WORK/peer (default WORK: build/bench-work), about 60 MB.
+# once; the peer goes into WORK/peer (default WORK: build/bench-work), about 85 MB, and each
+# GGUF about 540 MB.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BITROLL_BUILD_DIR:-$root/build}"
@@ -56,28 +58,35 @@ fi
 cp "$root/scripts/peer/bench_llama_cpp.mjs" "$peer/"  # imports resolve from the script's folder
 gguf="$peer/stories110m-17k.gguf"
 [ -f "$gguf" ] || python3 "$root/scripts/peer/make_gguf.py" --out "$gguf" >&2
+gguf_gqa="$peer/stories110m-gqa4-17k.gguf"  # the suite's "gqa" cases: 3 kv heads
+if [[ ",$cases" == *",gqa "* ]] && [ ! -f "$gguf_gqa" ]; then
+  python3 "$root/scripts/peer/make_gguf.py" --out "$gguf_gqa" --kv-heads 3 >&2
+fi
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
+# Echoes its input to stderr and appends, from each line that starts with PREFIX ("rep 0 | case |
+# prefill X tok/s | decode Y tok/s | ..."), "SIDE KV case REP X Y" to the log.
+record() {  # SIDE KV REP PREFIX
+  awk -v side="$1" -v kv="$2" -v rep="$3" -v prefix="$4" -F' [|] ' '{ print > "/dev/stderr" }
+    index($0, prefix) == 1 {
+      p = $3; d = $4; sub(/prefill /, "", p); sub(/ tok\/s.*/, "", p)
+      sub(/decode /, "", d); sub(/ tok\/s.*/, "", d)
+      print side "\t" kv "\t" $2 "\t" rep "\t" p "\t" d }' >>"$log"
+}
 run_bitroll() {  # KV REP
   echo "# bitroll, kv $1, rep $2" >&2
   "$build/tests/bench_engine" --attention-suite --work "$work" --reps 1 --threads "$threads" \
-    --kv-dtype "$1" --cases "$cases" |
-    awk -v kv="$1" -v rep="$2" -F' [|] ' '{ print > "/dev/stderr" } /^rep 0 [|]/ {
-      p = $3; d = $4; sub(/prefill /, "", p); sub(/ tok\/s.*/, "", p)
-      sub(/decode /, "", d); sub(/ tok\/s.*/, "", d)
-      print "bitroll\t" kv "\t" $2 "\t" rep "\t" p "\t" d }' >>"$log"
+    --kv-dtype "$1" --cases "$cases" | record bitroll "$1" "$2" "rep 0 | "
 }
 run_peer() {  # KV REP
   echo "# llama.cpp, kv $1, rep $2" >&2
   local IFS=,
   for c in $cases; do
-    (cd "$peer" && node bench_llama_cpp.mjs --model "$gguf" --case "$c" --threads "$threads" \
-      --kv "$1") |
-      awk -v kv="$1" -v rep="$2" -F' [|] ' '{ print > "/dev/stderr" } /^peer [|]/ {
-        p = $3; d = $4; sub(/prefill /, "", p); sub(/ tok\/s.*/, "", p)
-        sub(/decode /, "", d); sub(/ tok\/s.*/, "", d)
-        print "llama.cpp\t" kv "\t" $2 "\t" rep "\t" p "\t" d }' >>"$log"
+    local m="$gguf"
+    [[ "$c" == "gqa "* ]] && m="$gguf_gqa"
+    (cd "$peer" && node bench_llama_cpp.mjs --model "$m" --case "$c" --threads "$threads" \
+      --kv "$1") | record llama.cpp "$1" "$2" "peer | "
   done
 }
 echo "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u '+%F %H:%M UTC')"

@@ -12,7 +12,8 @@
 # --kv 16 pairs bitroll's bf16 K/V with llama.cpp's default f16 K/V (issue 19's target), both
 # (default) runs the two. Each rep runs bitroll then the peer, the next rep the peer first;
 # prints every run and then, per case, the medians and bitroll / llama.cpp (of the medians, and
-# the range of the per-rep ratios). Needs node and npm (Debian: nodejs npm) and the npm registry
+# the range of the per-rep ratios), and for decode both engines' tok/s as a % of the bandwidth
+# roofline (bitroll's bytes per step at the read bandwidth bench_engine measured in that rep). Needs node and npm (Debian: nodejs npm) and the npm registry
 # once; the peer goes into WORK/peer (default WORK: build/bench-work), about 85 MB, and each
 # GGUF about 540 MB.
 set -euo pipefail
@@ -66,13 +67,18 @@ fi
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 # Echoes its input to stderr and appends, from each line that starts with PREFIX ("rep 0 | case |
-# prefill X tok/s | decode Y tok/s | ..."), "SIDE KV case REP X Y" to the log.
+# prefill X tok/s | decode Y tok/s | ...", with bitroll's "..., M MB/step ..."), "SIDE KV case
+# REP X Y M" to the log, and from bitroll's "roofline used" line "bw KV - REP GB/s - -".
 record() {  # SIDE KV REP PREFIX
   awk -v side="$1" -v kv="$2" -v rep="$3" -v prefix="$4" -F' [|] ' '{ print > "/dev/stderr" }
     index($0, prefix) == 1 {
       p = $3; d = $4; sub(/prefill /, "", p); sub(/ tok\/s.*/, "", p)
       sub(/decode /, "", d); sub(/ tok\/s.*/, "", d)
-      print side "\t" kv "\t" $2 "\t" rep "\t" p "\t" d }' >>"$log"
+      mb = "-"
+      if (match($0, /[0-9.]+ MB\/step/)) mb = substr($0, RSTART, RLENGTH - 8)
+      print side "\t" kv "\t" $2 "\t" rep "\t" p "\t" d "\t" mb }
+    /^roofline used/ && match($0, /read bandwidth [0-9.]+ GB\/s/) {
+      print "bw\t" kv "\t-\t" rep "\t" substr($0, RSTART + 15, RLENGTH - 20) "\t-\t-" }' >>"$log"
 }
 run_bitroll() {  # KV REP
   echo "# bitroll, kv $1, rep $2" >&2
@@ -105,26 +111,42 @@ done
 python3 - "$log" <<'PY'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
-runs = {}  # (bitroll kv, case, side, rep) -> (prefill, decode)
+f = lambda v: None if v == "-" else float(v)
 pair = {"f32": "f32", "bf16": "bf16", "f16": "bf16"}  # a peer kv -> the bitroll kv it is paired with
-for side, kv, case, rep, p, d in rows:
-    f = lambda v: None if v == "-" else float(v)
+batch = lambda case: 32 if "b32" in case else 1
+runs, bw, mb = {}, {}, {}  # (bitroll kv, case, side, rep) -> (prefill, decode); GB/s; MB/step
+for side, kv, case, rep, p, d, m in rows:
+    if side == "bw":
+        bw[(kv, rep)] = float(p)
+        continue
     runs[(pair[kv], case, side, rep)] = (f(p), f(d))
-print("\n| K/V (bitroll / llama.cpp) | case | phase | bitroll tok/s | llama.cpp tok/s | ratio of medians | per-rep ratios |")
-print("|---|---|---|---|---|---|---|")
+    if f(m):
+        mb[(pair[kv], case)] = f(m)  # the same every rep: bytes one decode step reads
+# Decode % bw: tok/s against bitroll's read-bandwidth roofline of the rep (both engines read the
+# same bytes per step: the same weights, and K/V of the same element size).
+print("\n| K/V (bitroll / llama.cpp) | case | phase | bitroll tok/s | llama.cpp tok/s "
+      "| ratio of medians | per-rep ratios | bitroll % bw | llama.cpp % bw |")
+print("|---|---|---|---|---|---|---|---|---|")
 for bkv in dict.fromkeys(k[0] for k in runs):
     for case in dict.fromkeys(k[1] for k in runs if k[0] == bkv):
         reps = sorted({k[3] for k in runs if k[0] == bkv and k[1] == case})
         for i, phase in enumerate(("prefill", "decode")):
             b = [runs.get((bkv, case, "bitroll", r), (None, None))[i] for r in reps]
             l = [runs.get((bkv, case, "llama.cpp", r), (None, None))[i] for r in reps]
-            pairs = [(x, y) for x, y in zip(b, l) if x and y]
+            pairs = [(x, y, r) for x, y, r in zip(b, l, reps) if x and y]
             if not pairs:
                 continue
-            mb = statistics.median(x for x, _ in pairs)
-            ml = statistics.median(y for _, y in pairs)
-            ratios = sorted(x / y for x, y in pairs)
+            mb_ = statistics.median(x for x, _, _ in pairs)
+            ml = statistics.median(y for _, y, _ in pairs)
+            ratios = sorted(x / y for x, y, _ in pairs)
+            pct = ["-", "-"]
+            if phase == "decode" and (bkv, case) in mb:
+                for j in (0, 1):
+                    v = [t[j] * mb[(bkv, case)] / batch(case) / 1e3 / bw[(bkv, t[2])]
+                         for t in pairs if (bkv, t[2]) in bw]
+                    if v:
+                        pct[j] = "%.0f%%" % (100 * statistics.median(v))
             kvname = "bf16 / f16" if bkv == "bf16" else "f32 / f32"
-            print("| %s | %s | %s | %.1f | %.1f | %.2fx | %.2f-%.2f |" %
-                  (kvname, case, phase, mb, ml, mb / ml, ratios[0], ratios[-1]))
+            print("| %s | %s | %s | %.1f | %.1f | %.2fx | %.2f-%.2f | %s | %s |" %
+                  (kvname, case, phase, mb_, ml, mb_ / ml, ratios[0], ratios[-1], *pct))
 PY

@@ -39,6 +39,18 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$kv" in f32) pairs=("f32 f32") ;; 16) pairs=("bf16 f16") ;; both) pairs=("f32 f32" "bf16 f16") ;; *) usage ;; esac
+# The cases both sides run (bench_llama_cpp.mjs's list); checked before anything runs.
+IFS=, read -ra want <<<"$cases"
+for c in "${want[@]}"; do
+  case "${c#gqa }" in
+    "b1 ctx256" | "b1 ctx4096" | "b32 p128+128" | "b1 prompt 512" | "b1 ctx16384") ;;
+    *)
+      echo "bench-peer: no peer case \"$c\" (b1 ctx256, b1 ctx4096, b32 p128+128, b1 prompt 512," \
+        "b1 ctx16384, each also with \"gqa \" before it)" >&2
+      exit 2
+      ;;
+  esac
+done
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "bench-peer: node and npm are needed for the peer (apt-get install nodejs npm)" >&2
   exit 1

@@ -27,7 +27,7 @@ for b in "${want[@]}"; do
   case "$b" in
     kernels) "$exe" --reps=5 ;;
     engine) "$exe" --models-dir "$models" --work "$work" --reps 3 ;;
-    serving) "$exe" --models-dir "$models" --work "$work" ;;
+    serving) "$exe" --work "$work" ;;
     service | wal_service) "$exe" --models "$models" --work "$work" ;;
     weights_update) "$exe" --work "$work/weights" ;;
     swa_cache) "$exe" --work "$work" ;;

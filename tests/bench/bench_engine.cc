@@ -48,6 +48,7 @@
 #include "engine/make_model.h"
 #include "engine/model_loader.h"
 #include "kernels/cpu/isa.h"
+#include "tests/bench/bench_flags.h"
 #include "tests/bench/bench_roofline.h"
 #include "tests/bench/bench_util.h"
 
@@ -515,60 +516,33 @@ int main(int argc, char** argv) {
   int only_batch = 0, only_threads = 0;
   bool attention_suite = false;
   std::string kv_dtype = "f32", weights = "f32", only_case;
+  std::string cases_list;
+  bench::BenchFlags flags;
+  flags.strings = {{"--models-dir", &models_dir}, {"--work", &work},       {"--model", &only_model},
+                   {"--kv-dtype", &kv_dtype},     {"--weights", &weights}, {"--case", &only_case},
+                   {"--cases", &cases_list}};
+  flags.ints = {{"--reps", &reps}, {"--batch", &only_batch}, {"--threads", &only_threads}};
+  flags.switches = {{"--quick", &quick}, {"--attention-suite", &attention_suite}};
+  flags.usage = std::string("usage: ") + argv[0] +
+                " [--models-dir DIR] [--work DIR] [--reps N] [--quick]\n"
+                "          [--model stories260K|stories110m] [--batch B] [--threads T]\n"
+                "       " +
+                argv[0] +
+                " --attention-suite [--work DIR] [--reps N] [--threads T]\n"
+                "          [--kv-dtype f32|bf16] [--weights f32|bf16] [--case SUBSTRING]\n"
+                "          [--cases NAME,NAME,...]\n";
+  if (!flags.Parse(argv[0], argc, argv)) return flags.ExitStatus();
   std::vector<std::string> named_cases;
-  auto usage = [&](int rc) {
-    std::fprintf(rc == 0 ? stdout : stderr,
-                 "usage: %s [--models-dir DIR] [--work DIR] [--reps N] [--quick]\n"
-                 "          [--model stories260K|stories110m] [--batch B] [--threads T]\n"
-                 "       %s --attention-suite [--work DIR] [--reps N] [--threads T]\n"
-                 "          [--kv-dtype f32|bf16] [--weights f32|bf16] [--case SUBSTRING]\n"
-                 "          [--cases NAME,NAME,...]\n",
-                 argv[0], argv[0]);
-    return rc;
-  };
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h")
-      return usage(0);
-    else if (a == "--models-dir" && i + 1 < argc)
-      models_dir = argv[++i];
-    else if (a == "--work" && i + 1 < argc)
-      work = argv[++i];
-    else if (a == "--reps" && i + 1 < argc)
-      reps = std::atoi(argv[++i]);
-    else if (a == "--quick")
-      quick = true;
-    else if (a == "--attention-suite")
-      attention_suite = true;
-    else if (a == "--model" && i + 1 < argc)
-      only_model = argv[++i];
-    else if (a == "--batch" && i + 1 < argc)
-      only_batch = std::atoi(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc)
-      only_threads = std::atoi(argv[++i]);
-    else if (a == "--kv-dtype" && i + 1 < argc)
-      kv_dtype = argv[++i];
-    else if (a == "--weights" && i + 1 < argc)
-      weights = argv[++i];
-    else if (a == "--case" && i + 1 < argc)
-      only_case = argv[++i];
-    else if (a == "--cases" && i + 1 < argc) {
-      std::string list = argv[++i];
-      for (size_t at = 0; at <= list.size();) {
-        const size_t comma = std::min(list.find(',', at), list.size());
-        if (comma > at) named_cases.push_back(list.substr(at, comma - at));
-        at = comma + 1;
-      }
-    } else {
-      std::fprintf(stderr, "%s: unknown argument or missing value: %s\n", argv[0], a.c_str());
-      return usage(2);
-    }
+  for (size_t at = 0; at < cases_list.size();) {
+    const size_t comma = std::min(cases_list.find(',', at), cases_list.size());
+    if (comma > at) named_cases.push_back(cases_list.substr(at, comma - at));
+    at = comma + 1;
   }
   for (const std::string* v : {&kv_dtype, &weights}) {
     if (*v != "f32" && *v != "bf16") {
-      std::fprintf(stderr, "%s: --kv-dtype and --weights take f32 or bf16, not %s\n", argv[0],
-                   v->c_str());
-      return usage(2);
+      std::fprintf(stderr, "%s: --kv-dtype and --weights take f32 or bf16, not %s\n%s", argv[0],
+                   v->c_str(), flags.usage.c_str());
+      return 2;
     }
   }
   std::filesystem::create_directories(work);

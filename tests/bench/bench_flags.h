@@ -13,12 +13,38 @@ struct BenchFlags {
   std::map<std::string, std::string*> strings;
   std::map<std::string, int*> ints;
   std::map<std::string, bool*> switches;
+  // The usage text (optional): printed on stdout for --help or -h, on stderr after a usage error.
+  std::string usage;
+  // Set by Parse when it met --help or -h.
+  bool help = false;
 
   // Sets the bound variables. False, after saying why on stderr, on an unknown flag, a missing
-  // value or a value that is not an integer.
-  bool Parse(const char* program, int argc, char** argv) const {
+  // value or a value that is not an integer; false with `help` set after printing the usage for
+  // --help or -h. Callers exit with ExitStatus() then: 0 for help, 2 for a usage error.
+  bool Parse(const char* program, int argc, char** argv) {
+    const bool ok = ParseFlags(program, argc, argv);
+    if (!ok) std::fputs(Usage(program).c_str(), help ? stdout : stderr);
+    return ok;
+  }
+  // `usage`, or one made from the bound flags when it is empty.
+  std::string Usage(const char* program) const {
+    if (!usage.empty()) return usage;
+    std::string u = std::string("usage: ") + program;
+    for (const auto& [name, _] : strings) u += " [" + name + " S]";
+    for (const auto& [name, _] : ints) u += " [" + name + " N]";
+    for (const auto& [name, _] : switches) u += " [" + name + "]";
+    return u + "\n(what they mean: the comment at the top of its source)\n";
+  }
+  int ExitStatus() const { return help ? 0 : 2; }
+
+ private:
+  bool ParseFlags(const char* program, int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
       const std::string f = argv[i];
+      if (f == "--help" || f == "-h") {
+        help = true;
+        return false;
+      }
       if (auto s = switches.find(f); s != switches.end()) {
         *s->second = true;
         continue;

@@ -22,6 +22,7 @@
 #include "engine/cpu_engine.h"
 #include "engine/loaders/hf.h"
 #include "engine/make_model_hf.h"
+#include "tests/bench/bench_flags.h"
 #include "tests/bench/bench_util.h"
 
 namespace {
@@ -107,13 +108,12 @@ using bench::Median;
 int main(int argc, char** argv) {
   std::string work = std::filesystem::temp_directory_path().string() + "/bitroll_bench_moe";
   int reps = 3, threads = 1, tokens = 64;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--work") work = argv[i + 1];
-    if (a == "--reps") reps = std::atoi(argv[i + 1]);
-    if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    if (a == "--tokens") tokens = std::atoi(argv[i + 1]);
-  }
+  bench::BenchFlags flags;
+  flags.strings = {{"--work", &work}};
+  flags.ints = {{"--reps", &reps}, {"--threads", &threads}, {"--tokens", &tokens}};
+  flags.usage =
+      std::string("usage: ") + argv[0] + " [--work DIR] [--reps N] [--threads T] [--tokens N]\n";
+  if (!flags.Parse(argv[0], argc, argv)) return flags.ExitStatus();
   std::filesystem::create_directories(work);
   std::printf("%-16s %6s %8s %12s %12s\n", "model", "batch", "routes", "tok/s wall", "tok/s cpu");
   // Routing records: off and on alternate rep by rep (the machine's load drifts), at batch 32.

@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   flags.ints = {{"--prompts", &prompts},       {"--n", &n},
                 {"--min-tokens", &min_tokens}, {"--max-tokens-prompt", &max_tokens},
                 {"--capacity", &capacity},     {"--reps", &reps}};
-  if (!flags.Parse(argv[0], argc, argv)) return 2;
+  if (!flags.Parse(argv[0], argc, argv)) return flags.ExitStatus();
   spdlog::set_level(spdlog::level::warn);
   CoordinatorOptions o;
   o.bind = "tcp://127.0.0.1:*";

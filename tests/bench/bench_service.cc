@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
                 {"--trajectories-110m", &a.trajectories_110m},
                 {"--tokens-110m", &a.tokens_110m}};
   flags.switches = {{"--skip-110m", &a.skip_110m}};
-  if (!flags.Parse("bench_service", argc, argv)) return 2;
+  if (!flags.Parse("bench_service", argc, argv)) return flags.ExitStatus();
   if (a.reps < 1 || a.n < 1 || a.trajectories < a.n || a.tokens < 1 || a.prompt_len < 1 ||
       a.trajectories_110m < a.n || a.tokens_110m < 1) {
     std::fprintf(stderr, "bench_service: sizes must be positive, trajectories >= n\n");

@@ -24,6 +24,7 @@
 #include "engine/cpu_engine.h"
 #include "engine/make_model.h"
 #include "engine/model_loader.h"
+#include "tests/bench/bench_flags.h"
 #include "tests/bench/bench_util.h"
 
 namespace {
@@ -175,17 +176,14 @@ double TimeToFirstToken(engine::CpuEngine& e, uint64_t id) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    if (s == "--work" && i + 1 < argc)
-      a.work = argv[++i];
-    else if (s == "--threads" && i + 1 < argc)
-      a.threads = std::atoi(argv[++i]);
-    else if (s == "--tokens" && i + 1 < argc)
-      a.tokens = std::max(2, std::atoi(argv[++i]));
-    else if (s == "--reps" && i + 1 < argc)
-      a.reps = std::max(1, std::atoi(argv[++i]));
-  }
+  bench::BenchFlags flags;
+  flags.strings = {{"--work", &a.work}};
+  flags.ints = {{"--threads", &a.threads}, {"--tokens", &a.tokens}, {"--reps", &a.reps}};
+  flags.usage =
+      std::string("usage: ") + argv[0] + " [--work DIR] [--threads T] [--tokens N] [--reps R]\n";
+  if (!flags.Parse(argv[0], argc, argv)) return flags.ExitStatus();
+  a.tokens = std::max(2, a.tokens);
+  a.reps = std::max(1, a.reps);
   const std::string dir = a.work + "/stories110m";
   const std::string model = dir + "/model.bin";
   if (!std::filesystem::exists(model)) {

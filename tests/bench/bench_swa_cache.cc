@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   flags.ints["--max-prefix"] = &a.max_prefix;
   flags.ints["--checkpoint"] = &a.checkpoint;
   flags.ints["--misses"] = &a.misses;
-  if (!flags.Parse("bench_swa_cache", argc, argv)) return 2;
+  if (!flags.Parse("bench_swa_cache", argc, argv)) return flags.ExitStatus();
   const engine::HfModelShape shape = BenchShape();
   const std::string dir = a.work + "/" + shape.name;
   if (!std::filesystem::exists(dir + "/config.json")) {

@@ -45,7 +45,7 @@ int Run(int argc, char** argv) {
   flags.ints = {{"--replicas", &replicas}, {"--reps", &reps}, {"--part-mb", &part_mb}};
   bool default_malloc = false;
   flags.switches = {{"--default-malloc", &default_malloc}};
-  if (!flags.Parse(argv[0], argc, argv)) return 2;
+  if (!flags.Parse(argv[0], argc, argv)) return flags.ExitStatus();
   if (!default_malloc) rollout::TuneMallocForService();  // as `bitroll serve` does
   auto shape = engine::NamedShape(shape_name);
   if (!shape.ok()) {

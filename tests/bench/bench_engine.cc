@@ -532,12 +532,6 @@ int main(int argc, char** argv) {
                 "          [--kv-dtype f32|bf16] [--weights f32|bf16] [--case SUBSTRING]\n"
                 "          [--cases NAME,NAME,...]\n";
   if (!flags.Parse(argv[0], argc, argv)) return flags.ExitStatus();
-  std::vector<std::string> named_cases;
-  for (size_t at = 0; at < cases_list.size();) {
-    const size_t comma = std::min(cases_list.find(',', at), cases_list.size());
-    if (comma > at) named_cases.push_back(cases_list.substr(at, comma - at));
-    at = comma + 1;
-  }
   for (const std::string* v : {&kv_dtype, &weights}) {
     if (*v != "f32" && *v != "bf16") {
       std::fprintf(stderr, "%s: --kv-dtype and --weights take f32 or bf16, not %s\n%s", argv[0],
@@ -550,7 +544,7 @@ int main(int argc, char** argv) {
     return AttentionSuite(work, reps, only_threads > 0 ? only_threads : 2,
                           kv_dtype == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32,
                           weights == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32,
-                          only_case, named_cases);
+                          only_case, bench::SplitCommas(cases_list));
   }
   const std::string m110 = work + "/stories110m/model.bin";
   if (!std::filesystem::exists(m110)) {

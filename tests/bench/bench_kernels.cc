@@ -441,10 +441,8 @@ int main(int argc, char** argv) {
       matmul_only = a.substr(9);
     } else if (a.rfind("--m=", 0) == 0) {
       matmul_ms.clear();
-      for (size_t pos = 4; pos < a.size();) {
-        const size_t end = std::min(a.find(',', pos), a.size());
-        matmul_ms.push_back(std::max<int64_t>(1, std::atoll(a.substr(pos, end - pos).c_str())));
-        pos = end + 1;
+      for (const std::string& m : bitroll::bench::SplitCommas(a.substr(4))) {
+        matmul_ms.push_back(std::max<int64_t>(1, std::atoll(m.c_str())));
       }
     } else if (a == "--bf16") {
       matmul_storage = bk::DType::kBF16;

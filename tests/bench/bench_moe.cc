@@ -111,8 +111,6 @@ int main(int argc, char** argv) {
   bench::BenchFlags flags;
   flags.strings = {{"--work", &work}};
   flags.ints = {{"--reps", &reps}, {"--threads", &threads}, {"--tokens", &tokens}};
-  flags.usage =
-      std::string("usage: ") + argv[0] + " [--work DIR] [--reps N] [--threads T] [--tokens N]\n";
   if (!flags.Parse(argv[0], argc, argv)) return flags.ExitStatus();
   std::filesystem::create_directories(work);
   std::printf("%-16s %6s %8s %12s %12s\n", "model", "batch", "routes", "tok/s wall", "tok/s cpu");

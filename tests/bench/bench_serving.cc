@@ -179,8 +179,6 @@ int main(int argc, char** argv) {
   bench::BenchFlags flags;
   flags.strings = {{"--work", &a.work}};
   flags.ints = {{"--threads", &a.threads}, {"--tokens", &a.tokens}, {"--reps", &a.reps}};
-  flags.usage =
-      std::string("usage: ") + argv[0] + " [--work DIR] [--threads T] [--tokens N] [--reps R]\n";
   if (!flags.Parse(argv[0], argc, argv)) return flags.ExitStatus();
   a.tokens = std::max(2, a.tokens);
   a.reps = std::max(1, a.reps);

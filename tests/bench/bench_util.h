@@ -2,6 +2,8 @@
 #pragma once
 
 #include <algorithm>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace bitroll::bench {
@@ -11,6 +13,17 @@ inline double Median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The comma-separated items of a flag's value ("a,b,c"); empty items are dropped.
+inline std::vector<std::string> SplitCommas(std::string_view list) {
+  std::vector<std::string> items;
+  for (size_t at = 0; at < list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at) items.emplace_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return items;
 }
 
 }  // namespace bitroll::bench

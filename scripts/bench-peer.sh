@@ -13,9 +13,9 @@
 # (default) runs the two. Each rep runs bitroll then the peer, the next rep the peer first;
 # prints every run and then, per case, the medians and bitroll / llama.cpp (of the medians, and
 # the range of the per-rep ratios), and for decode both engines' tok/s as a % of the bandwidth
-# roofline (bitroll's bytes per step at the read bandwidth bench_engine measured in that rep). Needs node and npm (Debian: nodejs npm) and the npm registry
-# once; the peer goes into WORK/peer (default WORK: build/bench-work), about 85 MB, and each
-# GGUF about 540 MB.
+# roofline (bitroll's bytes per step at the read bandwidth bench_engine measured in that rep).
+# Needs node and npm (Debian: nodejs npm) and the npm registry once; the peer goes into WORK/peer
+# (default WORK: build/bench-work), about 85 MB, and each GGUF about 540 MB.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BITROLL_BUILD_DIR:-$root/build}"
@@ -38,7 +38,12 @@ while [ $# -gt 0 ]; do
     *) usage ;;
   esac
 done
-case "$kv" in f32) pairs=("f32 f32") ;; 16) pairs=("bf16 f16") ;; both) pairs=("f32 f32" "bf16 f16") ;; *) usage ;; esac
+case "$kv" in
+  f32) pairs=("f32 f32") ;;
+  16) pairs=("bf16 f16") ;;
+  both) pairs=("f32 f32" "bf16 f16") ;;
+  *) usage ;;
+esac
 # The cases both sides run (bench_llama_cpp.mjs's list); checked before anything runs.
 IFS=, read -ra want <<<"$cases"
 for c in "${want[@]}"; do
@@ -107,7 +112,8 @@ run_peer() {  # KV REP
       --kv "$1") | record llama.cpp "$1" "$2" "peer | "
   done
 }
-echo "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(date -u '+%F %H:%M UTC')"
+cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "# machine: $(nproc) cores, $cpu, $(date -u '+%F %H:%M UTC')"
 for pair in "${pairs[@]}"; do
   read -r bkv pkv <<<"$pair"
   for ((r = 0; r < reps; ++r)); do
@@ -124,7 +130,8 @@ python3 - "$log" <<'PY'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 f = lambda v: None if v == "-" else float(v)
-pair = {"f32": "f32", "bf16": "bf16", "f16": "bf16"}  # a peer kv -> the bitroll kv it is paired with
+# A peer kv -> the bitroll kv it is paired with.
+pair = {"f32": "f32", "bf16": "bf16", "f16": "bf16"}
 batch = lambda case: 32 if "b32" in case else 1
 runs, bw, mb = {}, {}, {}  # (bitroll kv, case, side, rep) -> (prefill, decode); GB/s; MB/step
 for side, kv, case, rep, p, d, m in rows:
@@ -148,8 +155,8 @@ for bkv in dict.fromkeys(k[0] for k in runs):
             pairs = [(x, y, r) for x, y, r in zip(b, l, reps) if x and y]
             if not pairs:
                 continue
-            mb_ = statistics.median(x for x, _, _ in pairs)
-            ml = statistics.median(y for _, y, _ in pairs)
+            med_b = statistics.median(x for x, _, _ in pairs)
+            med_l = statistics.median(y for _, y, _ in pairs)
             ratios = sorted(x / y for x, y, _ in pairs)
             pct = ["-", "-"]
             if phase == "decode" and (bkv, case) in mb:
@@ -160,5 +167,5 @@ for bkv in dict.fromkeys(k[0] for k in runs):
                         pct[j] = "%.0f%%" % (100 * statistics.median(v))
             kvname = "bf16 / f16" if bkv == "bf16" else "f32 / f32"
             print("| %s | %s | %s | %.1f | %.1f | %.2fx | %.2f-%.2f | %s | %s |" %
-                  (kvname, case, phase, mb_, ml, mb_ / ml, ratios[0], ratios[-1], *pct))
+                  (kvname, case, phase, med_b, med_l, med_b / med_l, ratios[0], ratios[-1], *pct))
 PY

@@ -6,8 +6,8 @@ run llama.cpp on the shape bitroll's attention suite runs), checked from outside
   `bitroll generate --json` decodes it greedily with its embedded tokenizer;
 - the script is deterministic: the same arguments give the same bytes (the bench's two sides can
   be rebuilt weeks later on the same file);
-- what bitroll reports of the model's shape is what was asked for (kv heads through the
-  self-test's grouped-query path, the vocabulary through token ids < 32,000);
+- the shape flags reach the file: 2 and 4 kv heads give two weights hashes, and the generated
+  ids lie in the 32,000-token vocabulary;
 - negative controls: the same file cut short is refused with a corruption error naming a tensor,
   and bad arguments to the script (a non-GGUF tokenizer source, heads that do not divide) exit
   non-zero with a one-line message, no traceback and no file written.

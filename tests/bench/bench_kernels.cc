@@ -170,23 +170,28 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
     c.kv = bk::DType::kBF16;
     cases.push_back(c);
   }
-  // Batch-1 and batch-32 decode with grouped-query heads, fp32 and bf16 caches.
-  const char* const gqa_names[4][2] = {
-      {"decode b1 ctx256 gqa", "decode b1 ctx256 gqa bf16kv"},
-      {"decode b1 ctx4096 gqa", "decode b1 ctx4096 gqa bf16kv"},
-      {"decode b1 ctx16384 gqa", "decode b1 ctx16384 gqa bf16kv"},
-      {"decode b32 ctx129-255 gqa", "decode b32 ctx129-255 gqa bf16kv"}};
-  for (size_t i = 0; i < 4; ++i) {
-    AttentionCase c = cases[i];
+  // Grouped-query variants of case `base`: 32 query heads over 8 kv heads, fp32 and bf16 caches.
+  auto add_gqa = [&](size_t base, int32_t head_dim, const char* name, const char* bf16_name) {
+    AttentionCase c = cases[base];
     c.heads = 32;
     c.kv_heads = 8;
-    c.head_dim = 128;
-    c.name = gqa_names[i][0];
+    c.head_dim = head_dim;
+    c.name = name;
     cases.push_back(c);
-    c.name = gqa_names[i][1];
+    c.name = bf16_name;
     c.kv = bk::DType::kBF16;
     cases.push_back(c);
-  }
+  };
+  // Batch-1 and batch-32 decode at head_dim 128 (Llama 3 8B, Qwen3-8B).
+  add_gqa(0, 128, "decode b1 ctx256 gqa", "decode b1 ctx256 gqa bf16kv");
+  add_gqa(1, 128, "decode b1 ctx4096 gqa", "decode b1 ctx4096 gqa bf16kv");
+  add_gqa(2, 128, "decode b1 ctx16384 gqa", "decode b1 ctx16384 gqa bf16kv");
+  add_gqa(3, 128, "decode b32 ctx129-255 gqa", "decode b32 ctx129-255 gqa bf16kv");
+  // The same ratio at head_dim 64 (Llama 3.2 1B; bench_engine's "gqa" model has 12 query heads
+  // over 3): each chunk's per-head work (max, exp, sum, merge) weighs twice as much against its
+  // dot products as at 128.
+  add_gqa(1, 64, "decode b1 ctx4096 gqa hd64", "decode b1 ctx4096 gqa hd64 bf16kv");
+  add_gqa(2, 64, "decode b1 ctx16384 gqa hd64", "decode b1 ctx16384 gqa hd64 bf16kv");
   for (int32_t len : {512, 4096}) {
     AttentionCase c{len == 512 ? "prefill 512" : "prefill 4096", {}, {}, 256};
     for (int32_t t = 0; t < len; ++t) {

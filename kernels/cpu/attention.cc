@@ -266,10 +266,11 @@ inline int32_t KvUnitBatchChunks(int32_t heads) {
   return std::max(1, kMaxChunkJobs / heads);
 }
 
-// JobOf for a kv unit's item with n_chunks chunks: it names the chunk one batch ahead, whose K/V
-// the kernel prefetches meanwhile.
-inline ChunkJob KvUnitJobOf(const AttentionParams& p, Item it, int32_t rel, int32_t n_chunks,
-                            int32_t batch_chunks) {
+// JobOf for an item with n_chunks chunks that walks them batch_chunks at a time (a kv unit, or a
+// query walking its chunks alone): it names the chunk one batch ahead, whose K/V the kernel
+// prefetches meanwhile.
+inline ChunkJob AheadJobOf(const AttentionParams& p, Item it, int32_t rel, int32_t n_chunks,
+                           int32_t batch_chunks) {
   ChunkJob job = JobOf(p, it, rel);
   if (rel + batch_chunks < n_chunks) job.prefetch_chunk = job.chunk + batch_chunks;
   return job;
@@ -308,7 +309,12 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
     kv_unit =
         items[i].row == items[0].row && KvHeadOf(p, items[i].head) == KvHeadOf(p, items[0].head);
   }
-  const int32_t batch_chunks = kv_unit ? KvUnitBatchChunks(n_queries) : 0;
+  // A query alone walks kMaxChunkJobs consecutive chunks per batch. Its K/V pieces are a chunk
+  // each, spread over blocks far apart, too short for the hardware prefetchers to run ahead (half
+  // a page each with bf16 K/V), so the next batch is prefetched as for kv units: bf16 decode at
+  // 16K keys 1.2x (docs/benchmarks.md, "Issue 19, round 9").
+  const bool ahead = kv_unit || n_queries == 1;
+  const int32_t batch_chunks = kv_unit ? KvUnitBatchChunks(n_queries) : kMaxChunkJobs;
   const int32_t batch_jobs = kv_unit ? batch_chunks * n_queries : kMaxChunkJobs;
   int32_t n_jobs = 0;
   // Each job's partial merges into its own item's state, in job order (chunk order per item).
@@ -345,7 +351,7 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
     for (int32_t i = 0; i < n_queries; ++i) {
       if (c >= n_chunks[i]) continue;
       jobs[n_jobs] =
-          kv_unit ? KvUnitJobOf(p, items[i], c, n_chunks[i], batch_chunks) : JobOf(p, items[i], c);
+          ahead ? AheadJobOf(p, items[i], c, n_chunks[i], batch_chunks) : JobOf(p, items[i], c);
       owner[n_jobs] = i;
       rel[n_jobs] = c;
       if (++n_jobs == batch_jobs) flush();
@@ -603,7 +609,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         };
         for (int32_t c = t[2]; c < t[2] + t[3]; ++c) {
           for (int32_t i = 0; i < heads; ++i) {
-            jobs[n_jobs] = KvUnitJobOf(p, ItemOf(p, split_items[k + i]), c, n, batch_chunks);
+            jobs[n_jobs] = AheadJobOf(p, ItemOf(p, split_items[k + i]), c, n, batch_chunks);
             dst[n_jobs] = &s->partials[chunk_base[k + i] + c];
             if (++n_jobs == batch_chunks * heads) flush();
           }

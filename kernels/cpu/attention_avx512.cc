@@ -48,10 +48,13 @@ inline __m512 MaskLoad16(__mmask16 m, const uint16_t* p) {
 // Scores, max, exponentials and their sum for G jobs; the G score chains run interleaved.
 // pj[g][j] receives p_j of job g (0 beyond its causal edge). The jobs come in runs of R that read
 // the same chunk (R = G: prefill rows of one sequence; R = heads per kv head: the query heads of
-// one decode row; R = 1: nothing shared), and each K row is loaded once per run.
+// one decode row; R = 1: nothing shared), and each K row is loaded once per run. pf_k / pf_v (or
+// nullptr): per run, the K and V of a later chunk to prefetch; V here only when R = 1 (a run's
+// values prefetch it otherwise).
 template <int G, int R, typename T>
 void ScoresG(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* jobs,
-             const T* const* pf_k, float (*pj)[kAttentionChunk], AttentionPartial* out) {
+             const T* const* pf_k, const T* const* pf_v, float (*pj)[kAttentionChunk],
+             AttentionPartial* out) {
   const int32_t hd = p.head_dim;
   const int64_t bs = p.block_size;
   const float* q[G];
@@ -69,6 +72,10 @@ void ScoresG(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* j
     for (int r = 0; r < G; r += R) {
       if (pf_k != nullptr && pf_k[r / R] != nullptr) {
         _mm_prefetch(reinterpret_cast<const char*>(pf_k[r / R] + d * bs), _MM_HINT_T0);
+        // A chunk's V is kAttentionChunk x hd contiguous values: hd steps of kAttentionChunk.
+        if (R == 1) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf_v[r] + d * kAttentionChunk), _MM_HINT_T0);
+        }
       }
       const __m512 kd = Load16(k[r] + d * bs);
 #pragma GCC unroll 8
@@ -193,7 +200,8 @@ void ValuesRun(int32_t hd, const ChunkView<T>* cv, const float (*pj)[kAttentionC
 
 // The G jobs in runs of R that read the same chunk (R = 1: none shared). A run whose first job
 // names a prefetch chunk has that chunk's K lines prefetched during its scores and its V lines
-// during its values.
+// during its values (R > 1) or its scores too (R = 1: the values of a lone query's chunk are too
+// short to cover them).
 template <int G, int R, typename T>
 void PartialsRuns(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* jobs,
                   AttentionPartial* out) {
@@ -204,7 +212,7 @@ void PartialsRuns(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJ
 #pragma GCC unroll 8
   for (int r = 0; r < G; r += R) {
     pf_k[r / R] = pf_v[r / R] = nullptr;
-    if (R > 1 && jobs[r].prefetch_chunk >= 0) {
+    if (jobs[r].prefetch_chunk >= 0) {
       const ChunkView<T> next =
           ViewChunk<T>(p, jobs[r].kvh, jobs[r].blocks, jobs[r].position, jobs[r].prefetch_chunk);
       pf_k[r / R] = next.k;
@@ -212,7 +220,7 @@ void PartialsRuns(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJ
       prefetch = true;
     }
   }
-  ScoresG<G, R, T>(p, cv, jobs, prefetch ? pf_k : nullptr, pj, out);
+  ScoresG<G, R, T>(p, cv, jobs, prefetch ? pf_k : nullptr, pf_v, pj, out);
   if constexpr (R == 1) {  // nothing shared: two jobs' value chains interleaved
     int g = 0;
     for (; g + 2 <= G; g += 2) Values<2, false, T>(p.head_dim, cv + g, pj + g, out + g);

@@ -167,22 +167,28 @@ TEST(Attention, LaneParallelMergeGivesMergePartialBits) {
   }
 }
 
+// Each row alone on 3 workers runs one task per head, whose query walks its chunks alone (and
+// prefetches the next batch of them): fp32 and bf16 caches.
 TEST(Attention, ResultDoesNotDependOnOtherRowsInTheCall) {
   Case c = Cases()[1];
-  Fixture all(c, 7);
-  const std::vector<float> together = all.Run(BestIsa(), AttentionKernel::kAuto, nullptr);
-  const int64_t row = int64_t{c.n_heads} * c.head_dim;
-  for (size_t t = 0; t < c.positions.size(); ++t) {
-    AttentionParams p = all.p;
-    p.n_tokens = 1;
-    p.q = all.q.data() + t * row;
-    p.positions = &c.positions[t];
-    p.block_tables = &all.table_ptrs[t];
-    std::vector<float> out(row);
-    p.out = out.data();
-    ThreadPool pool(3);
-    Attention(BestIsa(), p, AttentionKernel::kAuto, &pool, nullptr);
-    EXPECT_EQ(0, std::memcmp(out.data(), together.data() + t * row, row * sizeof(float))) << t;
+  for (bool bf16 : {false, true}) {
+    Fixture all(c, 7);
+    if (bf16) all.UseBf16Kv();
+    const std::vector<float> together = all.Run(BestIsa(), AttentionKernel::kAuto, nullptr);
+    const int64_t row = int64_t{c.n_heads} * c.head_dim;
+    for (size_t t = 0; t < c.positions.size(); ++t) {
+      AttentionParams p = all.p;
+      p.n_tokens = 1;
+      p.q = all.q.data() + t * row;
+      p.positions = &c.positions[t];
+      p.block_tables = &all.table_ptrs[t];
+      std::vector<float> out(row);
+      p.out = out.data();
+      ThreadPool pool(3);
+      Attention(BestIsa(), p, AttentionKernel::kAuto, &pool, nullptr);
+      EXPECT_EQ(0, std::memcmp(out.data(), together.data() + t * row, row * sizeof(float)))
+          << t << " bf16 " << bf16;
+    }
   }
 }
 

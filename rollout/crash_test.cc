@@ -155,6 +155,14 @@ std::map<Key, Traj> RunWithKills(const SubmitRequest& req, int kills, const std:
         EXPECT_TRUE(t.error.ok()) << t.error.ToString();
         stats->wal_bytes += t.cost.wal_bytes;
         got[{t.prompt_index, t.sample_index}] = {t.ids, t.logprobs, t.routing};
+        // Its tokens count as progress too: a fast engine finishes trajectories whose last
+        // tokens were never streamed as chunks, and the kills must still come before the end.
+        int32_t& f = furthest[{t.prompt_index, t.sample_index}];
+        const int32_t end = static_cast<int32_t>(t.ids.size());
+        if (end > f) {
+          progress += end - f;
+          f = end;
+        }
       } else if (ev->kind == Event::Kind::kTokenChunk) {
         const auto& ch = ev->chunk;
         int32_t& f = furthest[{ch.prompt_index, ch.sample_index}];

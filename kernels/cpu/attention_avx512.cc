@@ -104,14 +104,26 @@ template <int NB, int H, bool kSharedKv, typename T>
 void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView<T>* cv, const T* pf_v,
                  const float (*pj)[kAttentionChunk], AttentionPartial* out) {
   __m512 o[H][NB];
-  int32_t jmax = 0;
+  int32_t jmax = 0, jall = kAttentionChunk;  // jall: keys that every job's chain takes
 #pragma GCC unroll 4
   for (int h = 0; h < H; ++h) {
     jmax = std::max(jmax, cv[h].n_valid);
+    jall = std::min(jall, cv[h].n_valid);
 #pragma GCC unroll 4
     for (int b = 0; b < NB; ++b) o[h][b] = _mm512_setzero_ps();
   }
-  for (int32_t j = 0; j < jmax; ++j) {
+  // Key j for every job; kAll: j < every job's n_valid, so no chain needs the mask (an fma under a
+  // full mask is the plain fma: the same bits).
+  auto key = [&]<bool kAll>(int32_t j) __attribute__((always_inline)) {
+    auto fma = [&](int h, const __m512 pb, const __m512 x, __m512& acc)
+        __attribute__((always_inline)) {
+      if constexpr (kAll) {
+        acc = _mm512_fmadd_ps(pb, x, acc);
+      } else {
+        const __mmask16 live = j < cv[h].n_valid ? static_cast<__mmask16>(0xFFFF) : 0;
+        acc = _mm512_mask3_fmadd_ps(pb, x, acc, live);
+      }
+    };
     if constexpr (kSharedKv) {
       const T* v = cv[0].v + static_cast<int64_t>(j) * hd + d0;
       if (pf_v != nullptr) {
@@ -128,26 +140,26 @@ void ValuesBlock(int32_t hd, int32_t d0, __mmask16 last, const ChunkView<T>* cv,
       }
 #pragma GCC unroll 4
       for (int h = 0; h < H; ++h) {
-        const __mmask16 live = j < cv[h].n_valid ? static_cast<__mmask16>(0xFFFF) : 0;
         const __m512 pb = _mm512_set1_ps(pj[h][j]);
 #pragma GCC unroll 4
-        for (int b = 0; b < NB; ++b) o[h][b] = _mm512_mask3_fmadd_ps(pb, x[b], o[h][b], live);
+        for (int b = 0; b < NB; ++b) fma(h, pb, x[b], o[h][b]);
       }
     } else {
 #pragma GCC unroll 2
       for (int h = 0; h < H; ++h) {
-        const __mmask16 live = j < cv[h].n_valid ? static_cast<__mmask16>(0xFFFF) : 0;
         const __m512 pb = _mm512_set1_ps(pj[h][j]);
         const T* v = cv[h].v + static_cast<int64_t>(j) * hd + d0;
 #pragma GCC unroll 4
         for (int b = 0; b < NB; ++b) {
           const __mmask16 dm = b == NB - 1 ? last : static_cast<__mmask16>(0xFFFF);
-          const __m512 x = MaskLoad16(dm, v + 16 * b);
-          o[h][b] = _mm512_mask3_fmadd_ps(pb, x, o[h][b], live);
+          fma(h, pb, MaskLoad16(dm, v + 16 * b), o[h][b]);
         }
       }
     }
-  }
+  };
+  int32_t j = 0;
+  for (; j < jall; ++j) key.template operator()<true>(j);
+  for (; j < jmax; ++j) key.template operator()<false>(j);
 #pragma GCC unroll 4
   for (int h = 0; h < H; ++h) {
 #pragma GCC unroll 4

@@ -146,6 +146,14 @@ std::map<Key, Traj> RunWithKills(const SubmitRequest& req, int kills, const std:
         std::chrono::milliseconds(last || kind.real ? 60000 : 60 + static_cast<int>(rng() % 140));
     const int64_t progress_goal = 100 + static_cast<int64_t>(rng() % 400);
     int64_t progress = 0;
+    // Trajectory (prompt, sample) has been seen up to token index `end`: count what is new.
+    auto advance = [&](const Key& key, int32_t end) {
+      int32_t& f = furthest[key];
+      if (end > f) {
+        progress += end - f;
+        f = end;
+      }
+    };
     while (std::chrono::steady_clock::now() < deadline) {
       if (kind.real && !last && progress >= progress_goal) break;
       auto ev = (*c)->Next(5);
@@ -157,20 +165,11 @@ std::map<Key, Traj> RunWithKills(const SubmitRequest& req, int kills, const std:
         got[{t.prompt_index, t.sample_index}] = {t.ids, t.logprobs, t.routing};
         // Its tokens count as progress too: a fast engine finishes trajectories whose last
         // tokens were never streamed as chunks, and the kills must still come before the end.
-        int32_t& f = furthest[{t.prompt_index, t.sample_index}];
-        const int32_t end = static_cast<int32_t>(t.ids.size());
-        if (end > f) {
-          progress += end - f;
-          f = end;
-        }
+        advance({t.prompt_index, t.sample_index}, static_cast<int32_t>(t.ids.size()));
       } else if (ev->kind == Event::Kind::kTokenChunk) {
         const auto& ch = ev->chunk;
-        int32_t& f = furthest[{ch.prompt_index, ch.sample_index}];
-        const int32_t end = ch.position_begin + static_cast<int32_t>(ch.ids.size());
-        if (end > f) {
-          progress += end - f;
-          f = end;
-        }
+        advance({ch.prompt_index, ch.sample_index},
+                ch.position_begin + static_cast<int32_t>(ch.ids.size()));
       } else if (ev->kind == Event::Kind::kGroupDone) {
         done = true;
         break;

@@ -73,7 +73,7 @@ void ScoresG(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* j
       if (pf_k != nullptr && pf_k[r / R] != nullptr) {
         _mm_prefetch(reinterpret_cast<const char*>(pf_k[r / R] + d * bs), _MM_HINT_T0);
         // A chunk's V is kAttentionChunk x hd contiguous values: hd steps of kAttentionChunk.
-        if (R == 1) {
+        if constexpr (R == 1) {
           _mm_prefetch(reinterpret_cast<const char*>(pf_v[r] + d * kAttentionChunk), _MM_HINT_T0);
         }
       }

@@ -1,7 +1,5 @@
 #include "engine/kv_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -81,7 +79,7 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o) {
     // Zero-filled: slots beyond a sequence's length are never read as values, but the SIMD score
     // loop loads whole chunks, so they must hold finite numbers.
     const auto bytes = static_cast<size_t>(p.layer_stride * p.n_layers);
-    if (!p.k.Map(bytes) || !p.v.Map(bytes)) {
+    if (!p.k.Map(bytes, /*huge_pages=*/false) || !p.v.Map(bytes, /*huge_pages=*/false)) {
       return Status::ResourceExhausted("kv cache: cannot allocate " + std::to_string(2 * bytes) +
                                        " bytes");
     }
@@ -90,19 +88,6 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o) {
     for (int64_t b = p.num_blocks - 1; b >= 0; --b) p.free.push_back(static_cast<int32_t>(b));
   }
   return c;
-}
-
-KvCache::ZeroPages::~ZeroPages() {
-  if (p_ != nullptr) munmap(p_, std::max<size_t>(n_, 1));
-}
-
-bool KvCache::ZeroPages::Map(size_t bytes) {
-  void* p = mmap(nullptr, std::max<size_t>(bytes, 1), PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return false;
-  p_ = static_cast<unsigned char*>(p);
-  n_ = bytes;
-  return true;
 }
 
 Result<int32_t> KvCache::Allocate(KvPool pool) {

@@ -41,6 +41,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cpu/zero_pages.h"
 #include "schema/status.h"
 #include "schema/vocab.h"
 
@@ -136,30 +137,15 @@ class KvCache {
  private:
   explicit KvCache(const KvCacheOptions& options) : opt_(options) {}
 
-  // Anonymous zero pages (mmap): the kernel zeroes a page on first touch, so a large cache costs
-  // nothing at startup (a restart after a crash pays only for the blocks it uses).
-  class ZeroPages {
-   public:
-    ZeroPages() = default;
-    ZeroPages(const ZeroPages&) = delete;
-    ZeroPages& operator=(const ZeroPages&) = delete;
-    ~ZeroPages();
-    bool Map(size_t bytes);  // false when the mapping fails
-    unsigned char* data() { return p_; }
-    const unsigned char* data() const { return p_; }
-    size_t size() const { return n_; }  // bytes
-
-   private:
-    unsigned char* p_ = nullptr;
-    size_t n_ = 0;
-  };
-
   struct Pool {
     int32_t n_layers = 0;
     int64_t num_blocks = 0;
     int64_t layer_stride = 0;  // bytes per layer in k and v
-    ZeroPages k;
-    ZeroPages v;
+    // Anonymous zero pages: the kernel zeroes a page on first touch, so a large cache costs nothing
+    // at startup (a restart after a crash pays only for the blocks it uses). 4 KiB pages: a huge
+    // page's first touch costs milliseconds here and prefill would pay it (zero_pages.h).
+    kernels::ZeroPages k;
+    kernels::ZeroPages v;
     std::vector<int32_t> refs;
     std::vector<int32_t> free;  // a stack: the most recently freed block is reused first
   };

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -12,10 +10,6 @@
 #include "kernels/cpu/matmul_internal.h"
 
 namespace bitroll::kernels {
-
-void PackedMatrix::AlignedFree::operator()(void* p) const {
-  std::free(p);
-}
 
 namespace {
 
@@ -69,16 +63,12 @@ Result<PackedMatrix> PackedMatrix::Pack(std::span<const MatrixPart> parts, int64
                                    std::to_string(n_total) + ", k=" + std::to_string(k) + ")");
   }
   const size_t bytes = static_cast<size_t>(n_blocks * k * kBlock * elem_size);
-  const size_t alloc = (bytes + 63) / 64 * 64;
-  void* mem = std::aligned_alloc(64, alloc);
-  if (mem == nullptr) {
-    return Status::ResourceExhausted("PackedMatrix::Pack: cannot allocate " +
-                                     std::to_string(alloc) + " bytes");
-  }
-  std::memset(mem, 0, alloc);
-
   PackedMatrix pm;
-  pm.data_.reset(mem);
+  if (!pm.data_.Map(bytes, /*huge_pages=*/true)) {
+    return Status::ResourceExhausted("PackedMatrix::Pack: cannot allocate " +
+                                     std::to_string(bytes) + " bytes");
+  }
+  void* mem = pm.data_.data();
   pm.size_bytes_ = bytes;
   pm.n_ = n_total;
   pm.k_ = k;
@@ -119,11 +109,11 @@ void PackedMatrix::UnpackRow(int64_t row, float* out) const {
 }
 
 const float* PackedMatrix::f32_data() const {
-  return storage_ == DType::kF32 ? static_cast<const float*>(data_.get()) : nullptr;
+  return storage_ == DType::kF32 ? reinterpret_cast<const float*>(data_.data()) : nullptr;
 }
 
 const uint16_t* PackedMatrix::bf16_data() const {
-  return storage_ == DType::kBF16 ? static_cast<const uint16_t*>(data_.get()) : nullptr;
+  return storage_ == DType::kBF16 ? reinterpret_cast<const uint16_t*>(data_.data()) : nullptr;
 }
 
 void Matmul(Isa isa, const MatmulParams& p, ThreadPool* pool) {

@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/zero_pages.h"
 #include "schema/status.h"
 #include "schema/vocab.h"
 
@@ -69,12 +70,9 @@ class PackedMatrix {
   const uint16_t* bf16_data() const;
 
  private:
-  struct AlignedFree {
-    void operator()(void* p) const;
-  };
   PackedMatrix() = default;
 
-  std::unique_ptr<void, AlignedFree> data_;
+  ZeroPages data_;  // huge-page backed: the matmuls stream every byte once per forward
   size_t size_bytes_ = 0;
   int64_t n_ = 0;
   int64_t k_ = 0;

@@ -286,13 +286,11 @@ Roofline MeasureRoofline(kernels::Isa isa, int threads) {
   r.peak_gflops = bench::FmaPeak(isa, threads, 21);
   if (!bench::ReadBandwidthSupported(isa)) return r;
   const int64_t l3 = std::max<int64_t>(0, sysconf(_SC_LEVEL3_CACHE_SIZE));
-  const int64_t bytes = std::max<int64_t>(int64_t{1} << 30, 4 * l3) / 4096 * 4096;
-  const int64_t n = bytes / static_cast<int64_t>(sizeof(float));
-  float* buf = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(bytes)));
-  if (buf == nullptr) return r;
-  for (int64_t i = 0; i < n; ++i) buf[i] = 1.0f;
-  r.read_gbs = bench::ReadBandwidth(isa, threads, 7, buf, n);
-  std::free(buf);
+  const kernels::ZeroPages buf =
+      bench::ReadBandwidthBuffer(std::max<int64_t>(int64_t{1} << 30, 4 * l3));
+  if (buf.data() == nullptr) return r;
+  r.read_gbs = bench::ReadBandwidth(isa, threads, 7, reinterpret_cast<const float*>(buf.data()),
+                                    static_cast<int64_t>(buf.size() / sizeof(float)));
   return r;
 }
 

@@ -10,7 +10,7 @@
 // kernels on 1 and 2 threads; --attention=CASE only the cases whose name
 // contains CASE (e.g. --attention=decode). The KV pool: each sequence's blocks take every other
 // block id, interleaved with the other sequences' (a busy cache), or with --kv-consecutive
-// consecutive ids (one sequence in a fresh cache). --kv-hugepages: madvise(MADV_HUGEPAGE) on the
+// consecutive ids (one sequence in a fresh cache). --kv-hugepages: huge pages for the
 // pool (the engine's KvCache does not).
 // --matmul runs only the matmul cases at the engine's batch sizes: the stories110m shapes qkv
 // (N=2304 K=768), wo (768x768), w13 (4096x768), w2 (768x2048), cls (32000x768) and "model" (all
@@ -21,8 +21,6 @@
 // --clock=wall (default) times with the wall clock. --clock=cpu divides the process CPU time by the
 // thread count instead: on a shared, oversubscribed machine this estimates what the code does when
 // it has the cores to itself (spin-waits count as busy, so multi-thread figures are pessimistic).
-
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -88,28 +86,20 @@ struct Shape {
 
 // ---- Attention on the stories110m head shape ----
 
-// A KV pool of anonymous pages, as engine/kv_cache.cc maps it; `huge`: madvise(MADV_HUGEPAGE)
-// before the first touch (2 MiB pages where the kernel grants them).
+// A KV pool of anonymous pages, as engine/kv_cache.cc maps it; `huge`: 2 MiB pages where the
+// kernel grants them (kernels/cpu/zero_pages.h).
 template <typename T>
 class KvPool {
  public:
-  KvPool(size_t n, bool huge) : n_(n) {
-    void* p =
-        mmap(nullptr, n * sizeof(T), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) std::abort();
-    if (huge) madvise(p, n * sizeof(T), MADV_HUGEPAGE);
-    p_ = static_cast<T*>(p);
+  KvPool(size_t n, bool huge) {
+    if (!z_.Map(n * sizeof(T), huge)) std::abort();
   }
-  KvPool(const KvPool&) = delete;
-  KvPool& operator=(const KvPool&) = delete;
-  ~KvPool() { munmap(p_, n_ * sizeof(T)); }
-  T* data() { return p_; }
-  size_t size() const { return n_; }
-  T& operator[](size_t i) { return p_[i]; }
+  T* data() { return reinterpret_cast<T*>(z_.data()); }
+  size_t size() const { return z_.size() / sizeof(T); }
+  T& operator[](size_t i) { return data()[i]; }
 
  private:
-  T* p_;
-  size_t n_;
+  bk::ZeroPages z_;
 };
 
 // One attention workload: its rows, passed to Attention() rows_per_call at a time.
@@ -488,12 +478,13 @@ int main(int argc, char** argv) {
     std::printf("FMA peak %-16s GFLOP/s %12.1f %12.1f\n", bk::IsaName(i), p1, p2);
   }
   if (bk::IsaSupported(bk::Isa::kAvx512)) {
-    const int64_t n = int64_t{128} << 20;  // 512 MiB of floats
-    float* buf = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
-    for (int64_t i = 0; i < n; ++i) buf[i] = 1.0f;
-    bw[1] = ReadBandwidth(1, reps, buf, n);
-    bw[2] = ReadBandwidth(2, reps, buf, n);
-    std::free(buf);
+    const bk::ZeroPages z = bitroll::bench::ReadBandwidthBuffer(int64_t{512} << 20);
+    const auto* buf = reinterpret_cast<const float*>(z.data());
+    const auto n = static_cast<int64_t>(z.size() / sizeof(float));
+    if (buf != nullptr) {
+      bw[1] = ReadBandwidth(1, reps, buf, n);
+      bw[2] = ReadBandwidth(2, reps, buf, n);
+    }
     std::printf("%-34s %12.1f %12.1f\n", "read bandwidth GB/s", bw[1], bw[2]);
   } else {
     std::printf("read bandwidth: needs AVX-512 in this bench; skipped\n");

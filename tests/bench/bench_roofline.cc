@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #include <time.h>
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -146,6 +147,14 @@ double ReadBandwidth(bk::Isa isa, int threads, int reps, const float* buf, int64
     rates.push_back(static_cast<double>(per) * threads * 4 / (BenchClock::now() - t0) / 1e9);
   }
   return Median(rates);
+}
+
+kernels::ZeroPages ReadBandwidthBuffer(int64_t bytes) {
+  kernels::ZeroPages z;
+  const int64_t n = bytes / 4096 * 4096 / static_cast<int64_t>(sizeof(float));
+  if (n <= 0 || !z.Map(static_cast<size_t>(n) * sizeof(float), /*huge_pages=*/true)) return {};
+  std::fill_n(reinterpret_cast<float*>(z.data()), n, 1.0f);
+  return z;
 }
 
 }  // namespace bitroll::bench

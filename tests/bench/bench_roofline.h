@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/zero_pages.h"
 
 namespace bitroll::bench {
 
@@ -37,5 +38,10 @@ bool ReadBandwidthSupported(kernels::Isa isa);
 // ReadBandwidthSupported and supported by this CPU. Measures DRAM only when the buffer is well
 // beyond the last-level cache.
 double ReadBandwidth(kernels::Isa isa, int threads, int reps, const float* buf, int64_t n);
+
+// A buffer for ReadBandwidth: `bytes` (rounded down to 4 KiB) of 1.0f, mapped with huge pages as
+// the engine's packed weights are (kernels/cpu/zero_pages.h), so that the probe streams memory the
+// way the matmuls do. data() is null when the memory is refused.
+kernels::ZeroPages ReadBandwidthBuffer(int64_t bytes);
 
 }  // namespace bitroll::bench

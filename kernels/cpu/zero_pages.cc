@@ -42,6 +42,8 @@ bool ZeroPages::Map(size_t bytes, bool huge_pages) {
   if (!huge_pages || want < kHugePage) {
     void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return false;
+    // Under the "always" policy the kernel would use huge pages unasked; keep the choice.
+    if (!huge_pages) madvise(p, want, MADV_NOHUGEPAGE);
     p_ = static_cast<unsigned char*>(p);
     n_ = bytes;
     mapped_ = want;

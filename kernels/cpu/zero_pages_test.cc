@@ -117,7 +117,12 @@ TEST(ZeroPagesTest, HugeMappingsAreEligibleForTransparentHugePages) {
   ASSERT_TRUE(small.Map(4 * kHuge, false));
   huge.data()[0] = 1;
   small.data()[0] = 1;
-  EXPECT_EQ(ThpEligible(huge.data()), 1);
+  const int eligible = ThpEligible(huge.data());
+  if (eligible < 0) {
+    GTEST_SKIP() << "THIS KERNEL'S /proc/self/smaps HAS NO THPeligible FIELD (before Linux 5.0): "
+                    "whether huge pages were granted cannot be checked here";
+  }
+  EXPECT_EQ(eligible, 1);
   // Negative control: the mapping advised against huge pages is not eligible, under either policy.
   EXPECT_EQ(ThpEligible(small.data()), 0);
 }

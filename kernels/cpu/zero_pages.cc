@@ -39,31 +39,25 @@ void ZeroPages::Unmap() {
 bool ZeroPages::Map(size_t bytes, bool huge_pages) {
   Unmap();
   const size_t want = bytes == 0 ? 1 : bytes;
-  if (!huge_pages || want < kHugePage) {
-    void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return false;
-    // Under the "always" policy the kernel would use huge pages unasked; keep the choice.
-    if (!huge_pages) madvise(p, want, MADV_NOHUGEPAGE);
-    p_ = static_cast<unsigned char*>(p);
-    n_ = bytes;
-    mapped_ = want;
-    return true;
-  }
-  if (want > SIZE_MAX - 2 * kHugePage) return false;
+  const bool huge = huge_pages && want >= kHugePage;
+  if (huge && want > SIZE_MAX - 2 * kHugePage) return false;
   // Huge pages need 2 MiB-aligned addresses: map one huge page more than asked and trim the
   // unaligned head and the tail.
-  const size_t len = (want + kHugePage - 1) / kHugePage * kHugePage;
+  const size_t len = huge ? (want + kHugePage - 1) / kHugePage * kHugePage : want;
+  const size_t extra = huge ? kHugePage : 0;
   void* raw =
-      mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      mmap(nullptr, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return false;
   const auto base = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
-  if (aligned > base) munmap(raw, aligned - base);
-  const uintptr_t end = aligned + len, raw_end = base + len + kHugePage;
+  const uintptr_t start = huge ? (base + kHugePage - 1) / kHugePage * kHugePage : base;
+  if (start > base) munmap(raw, start - base);
+  const uintptr_t end = start + len, raw_end = base + len + extra;
   if (raw_end > end) munmap(reinterpret_cast<void*>(end), raw_end - end);
-  // Advice only: a kernel without transparent huge pages keeps 4 KiB pages.
-  madvise(reinterpret_cast<void*>(aligned), len, MADV_HUGEPAGE);
-  p_ = reinterpret_cast<unsigned char*>(aligned);
+  // Advice only (a kernel without transparent huge pages keeps 4 KiB pages). Without huge_pages,
+  // the "always" policy would use huge pages unasked: keep the choice.
+  if (huge) madvise(reinterpret_cast<void*>(start), len, MADV_HUGEPAGE);
+  if (!huge_pages) madvise(reinterpret_cast<void*>(start), len, MADV_NOHUGEPAGE);
+  p_ = reinterpret_cast<unsigned char*>(start);
   n_ = bytes;
   mapped_ = len;
   return true;

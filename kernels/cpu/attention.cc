@@ -283,9 +283,12 @@ inline ChunkJob AheadJobOf(const AttentionParams& p, Item it, int32_t rel, int32
 // consecutive chunks of one query; a kv unit's batches hold whole chunks), and each partial is
 // merged into its own item's state in chunk order, so every item gets the bits of a one-item,
 // one-chunk-at-a-time walk. With `start`, each item resumes that walk after its first `resume`
-// chunks: start[i] is item i's running state after them.
+// chunks: start[i] is item i's running state after them. With `keep`, the walk stops before chunk
+// `end` and leaves item i's running state in keep[i] instead of writing its output (the first run
+// of a split item's chunks).
 void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_queries,
-               const AttentionPartial* start = nullptr, int32_t resume = 0) {
+               const AttentionPartial* start = nullptr, int32_t resume = 0,
+               AttentionPartial* keep = nullptr, int32_t end = 0) {
   AttentionPartial acc[kGroupQueries];
   AttentionPartial parts[kMaxChunkJobs];
   ChunkJob jobs[kMaxChunkJobs];
@@ -296,6 +299,7 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
   const bool sink = p.sinks != nullptr;
   for (int32_t i = 0; i < n_queries; ++i) {
     n_chunks[i] = NumChunks(p, items[i].row);
+    if (keep != nullptr) n_chunks[i] = std::min(n_chunks[i], end);
     max_chunks = std::max(max_chunks, n_chunks[i]);
     if (start != nullptr) {
       CopyPartial(p.head_dim, start[i], &acc[i]);
@@ -359,8 +363,18 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
   }
   if (n_jobs > 0) flush();
   for (int32_t i = 0; i < n_queries; ++i) {
-    FinishPartial(isa, p.head_dim, acc[i], OutOf(p, items[i]));
+    if (keep != nullptr) {
+      CopyPartial(p.head_dim, acc[i], &keep[i]);
+    } else {
+      FinishPartial(isa, p.head_dim, acc[i], OutOf(p, items[i]));
+    }
   }
+}
+
+// The chunks of a split item's first run (the rest are spread over the workers in runs as long):
+// its n chunks cut into `workers` runs.
+inline int32_t FirstRunChunks(int32_t n, int workers) {
+  return std::max<int32_t>(1, (n + workers - 1) / workers);
 }
 
 }  // namespace
@@ -444,30 +458,38 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     }
   }
 
-  // Split items: their partials laid out item-major in the scratch. split_heads[k]: the query
-  // heads (split items k, k + 1, ...) whose chunks the tasks of split item k compute together:
-  // kv_unit for the first of a lone row's kv_unit heads of one kv head, 0 for the others (their
-  // chunks are computed with it), 1 for every other split item.
+  // Split items, in runs of the split_heads[k] items k, k + 1, ... whose chunks are computed
+  // together: kv_unit for the first of a lone row's kv_unit heads of one kv head (0 for the
+  // others), 1 for every other split item. The n chunks of a run's items are cut into runs of
+  // FirstRunChunks(n, workers) chunks. The first is walked and merged as it goes by one worker,
+  // which leaves each item's running state in split_states[k + i]; each later chunk's partials go
+  // to the scratch, chunk-major: item k + i's partial of chunk c >= first is
+  // partials[chunk_base[k] + (c - first) * split_heads[k] + i].
   std::vector<int64_t>& split_items = s->split_items;
-  std::vector<int64_t>& chunk_base = s->chunk_base;  // first partial of each split item
+  std::vector<int64_t>& chunk_base = s->chunk_base;
   std::vector<int32_t>& split_heads = s->split_heads;
+  std::vector<int32_t>& split_runs = s->split_runs;  // k of each run's first item
   std::vector<uint8_t>& is_split = s->is_split;
   split_items.clear();
   chunk_base.clear();
   split_heads.clear();
+  split_runs.clear();
   is_split.assign(n_items, 0);
   int64_t n_partials = 0;
   for (int64_t i = first_split; i < n_items; ++i) {
     const Item it = ItemOf(p, i);
     const int32_t n = NumChunks(p, it.row);
     if (n < 2 && kernel != AttentionKernel::kSplit) continue;
+    const int32_t heads = unit_heads(it.row) == 1 ? 1 : kv_run(it.head);
+    if (heads > 0) split_runs.push_back(static_cast<int32_t>(split_items.size()));
     split_items.push_back(i);
     chunk_base.push_back(n_partials);
-    split_heads.push_back(unit_heads(it.row) == 1 ? 1 : kv_run(it.head));
+    split_heads.push_back(heads);
     is_split[i] = 1;
-    n_partials += n;
+    n_partials += heads * static_cast<int64_t>(n - FirstRunChunks(n, workers));
   }
   if (static_cast<int64_t>(s->partials.size()) < n_partials) s->partials.resize(n_partials);
+  if (s->split_states.size() < split_items.size()) s->split_states.resize(split_items.size());
 
   // Phase 1 tasks, four int32 each, {kind, a, b, c}:
   //   kRowsTask {first token, tokens, head}: up to group_max consecutive tokens of one head and
@@ -475,9 +497,8 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   //   kHeadsTask {token, heads, first head}: consecutive heads of a decode row (below);
   //   kSiblingsTask {sibling group, 0, first head}: sibling_heads heads of a sibling group
   //     (above);
-  //   kSplitTask {split index, first chunk, chunks}: up to kMaxChunkJobs consecutive chunks of
-  //     split item k's split_heads[k] heads (fewer chunks when the item has few, so that its
-  //     chunks still spread over the workers).
+  //   kSplitTask {split index, first chunk, chunks}: one run of consecutive chunks of split
+  //     item k's split_heads[k] heads (above).
   enum : int32_t { kRowsTask, kHeadsTask, kSiblingsTask, kSplitTask };
   std::vector<int32_t>& tasks = s->tasks;
   tasks.clear();
@@ -529,11 +550,9 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     }
     if (group_n > 0) tasks.insert(tasks.end(), {kRowsTask, group_first, group_n, h});
   }
-  for (size_t k = 0; k < split_items.size(); ++k) {
-    if (split_heads[k] == 0) continue;
+  for (const int32_t k : split_runs) {
     const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).row);
-    const int32_t per =
-        std::clamp<int32_t>((n + workers - 1) / workers, 1, static_cast<int32_t>(kMaxChunkJobs));
+    const int32_t per = FirstRunChunks(n, workers);
     for (int32_t c0 = 0; c0 < n; c0 += per) {
       tasks.insert(tasks.end(), {kSplitTask, static_cast<int32_t>(k), c0, std::min(per, n - c0)});
     }
@@ -585,57 +604,64 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         for (int32_t i = 0; i < t[2]; ++i) items[i] = {t[1] + i, t[3]};
         RunSingle(isa, p, items, t[2]);
         return;
-      default: {  // kSplitTask
+      default: {  // kSplitTask: chunks t[2] .. t[2] + t[3] - 1 of split run k
         const int64_t k = t[1];
-        ChunkJob jobs[kMaxChunkJobs];
-        if (split_heads[k] == 1) {
-          const Item it = ItemOf(p, split_items[k]);
-          for (int32_t c = 0; c < t[3]; ++c) jobs[c] = JobOf(p, it, t[2] + c);
-          ChunkPartials(isa, p, jobs, t[3], &s->partials[chunk_base[k] + t[2]]);
+        const int32_t heads = split_heads[k];
+        for (int32_t i = 0; i < heads; ++i) items[i] = ItemOf(p, split_items[k + i]);
+        if (t[2] == 0) {  // the first run: walked as a single-worker item, its states kept
+          RunSingle(isa, p, items, heads, nullptr, 0, &s->split_states[k], t[3]);
           return;
         }
-        // The chunks of heads k .. k + split_heads[k] - 1 (a kv unit) chunk-major, batched as
-        // RunSingle batches a kv unit; each partial goes to its head's slot.
-        AttentionPartial parts[kMaxChunkJobs];
-        AttentionPartial* dst[kMaxChunkJobs];
-        const int32_t heads = split_heads[k];
-        const int32_t batch_chunks = KvUnitBatchChunks(heads);
-        const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).row);
-        int32_t n_jobs = 0;
-        auto flush = [&] {
-          ChunkPartials(isa, p, jobs, n_jobs, parts);
-          for (int32_t j = 0; j < n_jobs; ++j) CopyPartial(p.head_dim, parts[j], dst[j]);
-          n_jobs = 0;
-        };
-        for (int32_t c = t[2]; c < t[2] + t[3]; ++c) {
-          for (int32_t i = 0; i < heads; ++i) {
-            jobs[n_jobs] = AheadJobOf(p, ItemOf(p, split_items[k + i]), c, n, batch_chunks);
-            dst[n_jobs] = &s->partials[chunk_base[k + i] + c];
-            if (++n_jobs == batch_chunks * heads) flush();
+        // A later run: every chunk's partials, chunk-major (in place in the scratch), batched as
+        // RunSingle batches the same items, each batch prefetching the next within the run.
+        const int32_t first = FirstRunChunks(NumChunks(p, items[0].row), workers);
+        AttentionPartial* out =
+            &s->partials[chunk_base[k] + static_cast<int64_t>(t[2] - first) * heads];
+        const int32_t batch_chunks = heads > 1 ? KvUnitBatchChunks(heads) : kMaxChunkJobs;
+        const int32_t end = t[2] + t[3];
+        ChunkJob jobs[kMaxChunkJobs];
+        for (int32_t c0 = t[2]; c0 < end; c0 += batch_chunks) {
+          int32_t n_jobs = 0;
+          for (int32_t c = c0; c < std::min(end, c0 + batch_chunks); ++c) {
+            for (int32_t i = 0; i < heads; ++i) {
+              jobs[n_jobs++] = AheadJobOf(p, items[i], c, end, batch_chunks);
+            }
           }
+          ChunkPartials(isa, p, jobs, n_jobs, out);
+          out += n_jobs;
         }
-        if (n_jobs > 0) flush();
         return;
       }
     }
   };
-  // Phase 2: one worker per split item merges its partials left to right.
-  auto phase2 = [&](int /*worker*/, int64_t k) {
-    const Item it = ItemOf(p, split_items[k]);
-    const int32_t n = NumChunks(p, it.row);
+  // Phase 2: one worker per split run merges its later chunks' partials into the first run's
+  // states, left to right (a kv unit's heads as the lanes of one register), then writes them.
+  const bool lanes = isa == Isa::kAvx512 || isa == Isa::kAvx2;
+  auto phase2 = [&](int /*worker*/, int64_t r) {
+    const int32_t k = split_runs[r];
+    const int32_t heads = split_heads[k];
+    const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).row);
+    const int32_t first = FirstRunChunks(n, workers);
+    AttentionPartial* acc = &s->split_states[k];
     const AttentionPartial* parts = &s->partials[chunk_base[k]];
-    AttentionPartial acc;
-    int32_t c = 1;
-    if (p.sinks != nullptr) {
-      SinkPartial(p, it.head, &acc);
-      c = 0;
-    } else {
-      CopyPartial(p.head_dim, parts[0], &acc);
+    AttentionPartial* targets[kGroupQueries];
+    for (int32_t i = 0; i < heads; ++i) targets[i] = &acc[i];
+    for (int32_t c = first; c < n; ++c, parts += heads) {
+      if (heads > 1 && lanes) {
+        if (isa == Isa::kAvx512) {
+          internal::MergePartialsAvx512(p.head_dim, heads, targets, parts);
+        } else {
+          internal::MergePartialsAvx2(p.head_dim, heads, targets, parts);
+        }
+      } else {
+        for (int32_t i = 0; i < heads; ++i) MergePartial(isa, p.head_dim, &acc[i], parts[i]);
+      }
     }
-    for (; c < n; ++c) MergePartial(isa, p.head_dim, &acc, parts[c]);
-    FinishPartial(isa, p.head_dim, acc, OutOf(p, it));
+    for (int32_t i = 0; i < heads; ++i) {
+      FinishPartial(isa, p.head_dim, acc[i], OutOf(p, ItemOf(p, split_items[k + i])));
+    }
   };
-  const int64_t n_split = static_cast<int64_t>(split_items.size());
+  const int64_t n_split = static_cast<int64_t>(split_runs.size());
   if (pool != nullptr && workers > 1) {
     pool->Run(n_tasks, phase1);
     if (n_split > 0) pool->Run(n_split, phase2);

@@ -14,8 +14,10 @@
 //
 // Kernels:
 //   kSingle: one worker walks all chunks of a (token, head) item and merges as it goes.
-//   kSplit:  the chunks of one item are spread over several workers; each writes its chunks'
-//            partials, and one worker merges them in the same left-to-right order.
+//   kSplit:  the chunks of one item are cut into runs spread over several workers. The first
+//            run is walked and merged as kSingle walks it, which leaves its running state; the
+//            later runs write their chunks' partials, and one worker merges them into that
+//            state in the same left-to-right order.
 // Both call the same per-chunk function and the same merge, so their results are bit-identical by
 // construction. kAuto picks per item by load: items in the tail of the last wave (fewer items than
 // workers) are split; the rest run single-worker. Which kernel runs never changes a bit.
@@ -130,6 +132,8 @@ class AttentionScratch {
   std::vector<int64_t> chunk_base;
   std::vector<uint8_t> is_split;
   std::vector<int32_t> split_heads;  // per split item: the heads its tasks compute (0: none)
+  std::vector<int32_t> split_runs;   // the split items whose tasks compute split_heads > 0 heads
+  std::vector<AttentionPartial> split_states;  // per split item: its first run's running state
   std::vector<int32_t> tasks;
   // The call's sibling groups (decode rows of different sequences that share the K/V blocks of
   // their first chunks, e.g. the samples of one GRPO prompt): group g is rows[begin[g] ..

@@ -5,6 +5,7 @@
 // tasks are the units they claim to be (so the bits come from the grouped path, not a fallback).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -84,6 +85,25 @@ TEST(AttentionGqa, ALoneRowsHeadsOfOneKvHeadAreOneUnit) {
   Attention(Isa::kScalar, p, AttentionKernel::kAuto, &many, &s);  // 8 units < 12 workers: split
   ASSERT_EQ(s.split_items.size(), 32u);
   for (size_t k = 0; k < 32; ++k) EXPECT_EQ(s.split_heads[k], k % 4 == 0 ? 4 : 0) << "item " << k;
+  // Each unit's 44 chunks in runs of ceil(44 / 12) = 4, one task each: 11 runs per unit. The
+  // first run is walked and merged in place (no partials); the other 40 chunks' partials of the
+  // unit's 4 heads wait for the merge.
+  ASSERT_EQ(s.split_runs.size(), 8u);
+  std::vector<int32_t> chunks(32, 0), runs(32, 0);
+  for (size_t t = 0; t < s.tasks.size(); t += 4) {
+    if (s.tasks[t] != 3) continue;  // kSplitTask {split index, first chunk, chunks}
+    const int32_t k = s.tasks[t + 1];
+    EXPECT_EQ(s.tasks[t + 2] % 4, 0) << "a run starts at a multiple of 4";
+    chunks[k] += s.tasks[t + 3];
+    runs[k] += 1;
+  }
+  for (size_t k = 0; k < 32; ++k) {
+    EXPECT_EQ(chunks[k], k % 4 == 0 ? 44 : 0) << "item " << k;
+    EXPECT_EQ(runs[k], k % 4 == 0 ? 11 : 0) << "item " << k;
+  }
+  EXPECT_GE(s.partials.size(), 8u * 4 * 40);
+  std::vector<float> ref_out = f.Reference();
+  EXPECT_EQ(0, std::memcmp(ref_out.data(), out.data(), sizeof(float) * out.size()));
 
   // One query head per kv head: nothing changes (heads run alone at batch 1).
   Fixture mha(Case{12, 12, 64, 16, {700}}, 8);

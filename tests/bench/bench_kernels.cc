@@ -1,7 +1,8 @@
 // bench_kernels: measured machine limits (FMA peak, read bandwidth, ThreadPool latency) and Matmul
 // throughput on the stories110m shapes, as % of those limits. Run by hand, briefly:
 //   build/kernels/bench_kernels [--isa=auto|scalar|avx2|avx512] [--reps=5] [--quick] [--clock=cpu]
-//                               [--attention[=CASE]] [--matmul[=CASE] [--m=M,...] [--bf16]]
+//                               [--attention[=CASE] [--kv-consecutive] [--kv-hugepages]
+//                               [--kv-layers=N]] [--matmul[=CASE] [--m=M,...] [--bf16]]
 // --attention runs only the attention cases (stories110m heads: 12 x 64, block size 16): decode
 // at batch 1 (contexts 256, 4,096 and 16,384) and batch 32 (contexts 129-255), also with a bf16
 // KV pool ("bf16kv"; KV GB/s counts the K/V bytes a decode row streams), and prefill of 512 and
@@ -11,7 +12,9 @@
 // contains CASE (e.g. --attention=decode). The KV pool: each sequence's blocks take every other
 // block id, interleaved with the other sequences' (a busy cache), or with --kv-consecutive
 // consecutive ids (one sequence in a fresh cache). --kv-hugepages: huge pages for the
-// pool (the engine's KvCache does not).
+// pool (the engine's KvCache does not). --kv-layers=N: N copies of the pool, the calls taking
+// turns as the engine's layers do, so the K/V come from memory, not from the cache (by default
+// a case's K/V, up to ~67 MB, may stay partly in the L3 from one call to the next).
 // --matmul runs only the matmul cases at the engine's batch sizes: the stories110m shapes qkv
 // (N=2304 K=768), wo (768x768), w13 (4096x768), w2 (768x2048), cls (32000x768) and "model" (all
 // of one forward's matmuls, weights streaming from DRAM) at M = --m=LIST (default
@@ -28,9 +31,11 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -118,8 +123,8 @@ struct AttentionCase {
   int32_t heads = 12, kv_heads = 12, head_dim = 64;
 };
 
-int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecutive,
-                   bool hugepages) {
+int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecutive, bool hugepages,
+                   int kv_layers) {
   constexpr int32_t kBlock = 16;
   std::vector<AttentionCase> cases;
   cases.push_back({"decode b1 ctx256", {255}, {0}, 1});
@@ -182,6 +187,15 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
   // dot products as at 128.
   add_gqa(1, 64, "decode b1 ctx4096 gqa hd64", "decode b1 ctx4096 gqa hd64 bf16kv");
   add_gqa(2, 64, "decode b1 ctx16384 gqa hd64", "decode b1 ctx16384 gqa hd64 bf16kv");
+  // bench_engine's "gqa" model: 12 query heads over 3 kv heads, so 2 threads split the third
+  // kv unit's chunks (the split-tail kernel with grouped-query units).
+  for (const char* name : {"decode b1 ctx16384 gqa3 hd64", "decode b1 ctx16384 gqa3 hd64 bf16kv"}) {
+    AttentionCase c = cases[cases.size() - 2];  // the hd64 16K case, fp32 then bf16
+    c.heads = 12;
+    c.kv_heads = 3;
+    c.name = name;
+    cases.push_back(c);
+  }
   for (int32_t len : {512, 4096}) {
     AttentionCase c{len == 512 ? "prefill 512" : "prefill 4096", {}, {}, 256};
     for (int32_t t = 0; t < len; ++t) {
@@ -230,6 +244,24 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
       for (int64_t i = 0; i < pool_floats; ++i) kc16[i] = bk::F32ToBf16(kc[i]);
       for (int64_t i = 0; i < pool_floats; ++i) vc16[i] = bk::F32ToBf16(vc[i]);
     }
+    // kv_layers - 1 more copies of the pool: call i reads copy i % kv_layers, as the engine's
+    // layers take turns: with enough copies, none is still in the cache when its turn comes.
+    const size_t pool_elems = c.kv == bk::DType::kBF16 ? n16 : pool_floats;
+    const size_t pool_bytes = pool_elems * (c.kv == bk::DType::kBF16 ? 2 : 4);
+    std::vector<std::pair<const void*, const void*>> layers;
+    std::vector<std::unique_ptr<KvPool<char>>> copies;
+    layers.emplace_back(
+        c.kv == bk::DType::kBF16 ? static_cast<const void*>(kc16.data()) : kc.data(),
+        c.kv == bk::DType::kBF16 ? static_cast<const void*>(vc16.data()) : vc.data());
+    for (int l = 1; l < kv_layers; ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        copies.push_back(std::make_unique<KvPool<char>>(pool_bytes, hugepages));
+        std::memcpy(copies.back()->data(), kv == 0 ? layers[0].first : layers[0].second,
+                    pool_bytes);
+      }
+      layers.emplace_back(copies[copies.size() - 2]->data(), copies.back()->data());
+    }
+    size_t layer = 0;
     const double elem = c.kv == bk::DType::kBF16 ? 2.0 : 4.0;
     const int64_t n = static_cast<int64_t>(c.positions.size());
     std::vector<float> q(n * c.heads * c.head_dim), out(q.size());
@@ -269,13 +301,10 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
                 p.block_size = kBlock;
                 p.q = q.data() + r0 * c.heads * c.head_dim;
                 p.out = out.data() + r0 * c.heads * c.head_dim;
-                p.k_cache = kc.data();
-                p.v_cache = vc.data();
-                if (c.kv == bk::DType::kBF16) {
-                  p.k_cache = kc16.data();
-                  p.v_cache = vc16.data();
-                  p.kv_dtype = bk::DType::kBF16;
-                }
+                p.k_cache = layers[layer].first;
+                p.v_cache = layers[layer].second;
+                layer = (layer + 1) % layers.size();
+                p.kv_dtype = c.kv;
                 p.positions = c.positions.data() + r0;
                 p.block_tables = row_tables.data() + r0;
                 p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -407,6 +436,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   bool attention = false;
   bool kv_consecutive = false, kv_hugepages = false;
+  int kv_layers = 1;
   std::string attention_only;
   bool matmul = false;
   std::string matmul_only;
@@ -424,6 +454,8 @@ int main(int argc, char** argv) {
       kv_consecutive = true;
     } else if (a == "--kv-hugepages") {
       kv_hugepages = true;
+    } else if (a.rfind("--kv-layers=", 0) == 0) {
+      kv_layers = std::max(1, std::atoi(a.c_str() + 12));
     } else if (a == "--attention") {
       attention = true;
     } else if (a.rfind("--attention=", 0) == 0) {
@@ -448,8 +480,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--isa=auto|scalar|avx2|avx512] [--reps=N] [--quick] "
-                   "[--clock=wall|cpu] [--attention[=CASE]] [--matmul[=CASE] [--m=M,M,...] "
-                   "[--bf16]]\n",
+                   "[--clock=wall|cpu] [--attention[=CASE] [--kv-consecutive] [--kv-hugepages] "
+                   "[--kv-layers=N]] [--matmul[=CASE] [--m=M,M,...] [--bf16]]\n",
                    argv[0]);
       return 2;
     }
@@ -464,7 +496,7 @@ int main(int argc, char** argv) {
   std::printf("bench_kernels: isa=%s reps=%d (medians) clock=%s hardware threads=%u\n",
               bk::IsaName(isa), reps, Clock::cpu ? "cpu" : "wall", hw);
   if (attention) {
-    return BenchAttention(isa, reps, attention_only, kv_consecutive, kv_hugepages);
+    return BenchAttention(isa, reps, attention_only, kv_consecutive, kv_hugepages, kv_layers);
   }
   if (matmul) return BenchMatmul(isa, reps, matmul_only, matmul_ms, matmul_storage);
 

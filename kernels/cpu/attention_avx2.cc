@@ -214,23 +214,40 @@ void MergePartialAvx2(int32_t head_dim, AttentionPartial* acc, const AttentionPa
   acc->m = m;
 }
 
+namespace {
+
+// Lane i < n holds *get(i), the others 0, inserted lane by lane: filling an array with scalar
+// stores and loading it as a vector would wait for those stores (a load over several smaller
+// stores in flight is not forwarded from them).
+template <typename Get>
+inline __m256 Lanes8(int32_t n, Get get) {
+  __m128 q[2];
+#pragma GCC unroll 2
+  for (int b = 0; b < 2; ++b) {
+    __m128 v = _mm_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      if (4 * b + i < n) v = _mm_insert_ps(v, _mm_load_ss(get(4 * b + i)), i << 4);
+    }
+    q[b] = v;
+  }
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(q[0]), q[1], 1);
+}
+
+}  // namespace
+
 void MergePartialsAvx2(int32_t head_dim, int32_t n, AttentionPartial* const* acc,
                        const AttentionPartial* c) {
-  alignas(32) float am[8] = {}, cm[8] = {}, al[8] = {}, cl[8] = {};
-  for (int32_t i = 0; i < n; ++i) {
-    am[i] = acc[i]->m;
-    cm[i] = c[i].m;
-    al[i] = acc[i]->l;
-    cl[i] = c[i].l;
-  }
-  const __m256 vam = _mm256_load_ps(am);
-  const __m256 vcm = _mm256_load_ps(cm);
+  const __m256 vam = Lanes8(n, [&](int32_t i) { return &acc[i]->m; });
+  const __m256 vcm = Lanes8(n, [&](int32_t i) { return &c[i].m; });
+  const __m256 val = Lanes8(n, [&](int32_t i) { return &acc[i]->l; });
+  const __m256 vcl = Lanes8(n, [&](int32_t i) { return &c[i].l; });
   // std::max(a, b) is (a < b) ? b : a, lane by lane (also for +-0 and NaN).
   const __m256 m = _mm256_blendv_ps(vam, vcm, _mm256_cmp_ps(vam, vcm, _CMP_LT_OQ));
   const __m256 a = Exp8(_mm256_sub_ps(vam, m));
   const __m256 b = Exp8(_mm256_sub_ps(vcm, m));
-  const __m256 la = _mm256_mul_ps(_mm256_load_ps(al), a);
-  const __m256 lb = _mm256_mul_ps(_mm256_load_ps(cl), b);
+  const __m256 la = _mm256_mul_ps(val, a);
+  const __m256 lb = _mm256_mul_ps(vcl, b);
   alignas(32) float mo[8], lo[8], ao[8], bo[8];
   _mm256_store_ps(mo, m);
   _mm256_store_ps(lo, _mm256_add_ps(la, lb));

@@ -287,6 +287,26 @@ void PartialsG(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial*
   }
 }
 
+// Lane i < n holds *get(i), the others 0, inserted lane by lane: filling an array with scalar
+// stores and loading it as a vector would wait for those stores (a load over several smaller
+// stores in flight is not forwarded from them).
+template <typename Get>
+inline __m512 Lanes16(int32_t n, Get get) {
+  __m128 q[4];
+#pragma GCC unroll 4
+  for (int b = 0; b < 4; ++b) {
+    __m128 v = _mm_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      if (4 * b + i < n) v = _mm_insert_ps(v, _mm_load_ss(get(4 * b + i)), i << 4);
+    }
+    q[b] = v;
+  }
+  const __m256 lo = _mm256_insertf128_ps(_mm256_castps128_ps256(q[0]), q[1], 1);
+  const __m256 hi = _mm256_insertf128_ps(_mm256_castps128_ps256(q[2]), q[3], 1);
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
 }  // namespace
 
 void ChunkPartialsAvx512(const AttentionParams& p, const ChunkJob* jobs, int32_t n,
@@ -343,21 +363,16 @@ void MergePartialAvx512(int32_t head_dim, AttentionPartial* acc, const Attention
 
 void MergePartialsAvx512(int32_t head_dim, int32_t n, AttentionPartial* const* acc,
                          const AttentionPartial* c) {
-  alignas(64) float am[16] = {}, cm[16] = {}, al[16] = {}, cl[16] = {};
-  for (int32_t i = 0; i < n; ++i) {
-    am[i] = acc[i]->m;
-    cm[i] = c[i].m;
-    al[i] = acc[i]->l;
-    cl[i] = c[i].l;
-  }
-  const __m512 vam = _mm512_load_ps(am);
-  const __m512 vcm = _mm512_load_ps(cm);
+  const __m512 vam = Lanes16(n, [&](int32_t i) { return &acc[i]->m; });
+  const __m512 vcm = Lanes16(n, [&](int32_t i) { return &c[i].m; });
+  const __m512 val = Lanes16(n, [&](int32_t i) { return &acc[i]->l; });
+  const __m512 vcl = Lanes16(n, [&](int32_t i) { return &c[i].l; });
   // std::max(a, b) is (a < b) ? b : a, lane by lane (also for +-0 and NaN).
   const __m512 m = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(vam, vcm, _CMP_LT_OQ), vam, vcm);
   const __m512 a = Exp16(_mm512_sub_ps(vam, m));
   const __m512 b = Exp16(_mm512_sub_ps(vcm, m));
-  const __m512 la = _mm512_mul_ps(_mm512_load_ps(al), a);
-  const __m512 lb = _mm512_mul_ps(_mm512_load_ps(cl), b);
+  const __m512 la = _mm512_mul_ps(val, a);
+  const __m512 lb = _mm512_mul_ps(vcl, b);
   alignas(64) float mo[16], lo[16], ao[16], bo[16];
   _mm512_store_ps(mo, m);
   _mm512_store_ps(lo, _mm512_add_ps(la, lb));

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/attention_internal.h"
+#include "kernels/cpu/lanes.h"
 #include "kernels/cpu/math_avx2.h"
 
 namespace bitroll::kernels::internal {
@@ -213,28 +214,6 @@ void MergePartialAvx2(int32_t head_dim, AttentionPartial* acc, const AttentionPa
   MergeValues(head_dim, acc->o, c.o, a, b);
   acc->m = m;
 }
-
-namespace {
-
-// Lane i < n holds *get(i), the others 0, inserted lane by lane: filling an array with scalar
-// stores and loading it as a vector would wait for those stores (a load over several smaller
-// stores in flight is not forwarded from them).
-template <typename Get>
-inline __m256 Lanes8(int32_t n, Get get) {
-  __m128 q[2];
-#pragma GCC unroll 2
-  for (int b = 0; b < 2; ++b) {
-    __m128 v = _mm_setzero_ps();
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      if (4 * b + i < n) v = _mm_insert_ps(v, _mm_load_ss(get(4 * b + i)), i << 4);
-    }
-    q[b] = v;
-  }
-  return _mm256_insertf128_ps(_mm256_castps128_ps256(q[0]), q[1], 1);
-}
-
-}  // namespace
 
 void MergePartialsAvx2(int32_t head_dim, int32_t n, AttentionPartial* const* acc,
                        const AttentionPartial* c) {

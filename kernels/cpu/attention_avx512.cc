@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/attention_internal.h"
+#include "kernels/cpu/lanes.h"
 #include "kernels/cpu/math_avx512.h"
 
 namespace bitroll::kernels::internal {
@@ -287,24 +288,10 @@ void PartialsG(const AttentionParams& p, const ChunkJob* jobs, AttentionPartial*
   }
 }
 
-// Lane i < n holds *get(i), the others 0, inserted lane by lane: filling an array with scalar
-// stores and loading it as a vector would wait for those stores (a load over several smaller
-// stores in flight is not forwarded from them).
+// Lanes 0..15 of lanes.h's vector: lane i holds *get(i) for i < n, 0 beyond.
 template <typename Get>
 inline __m512 Lanes16(int32_t n, Get get) {
-  __m128 q[4];
-#pragma GCC unroll 4
-  for (int b = 0; b < 4; ++b) {
-    __m128 v = _mm_setzero_ps();
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      if (4 * b + i < n) v = _mm_insert_ps(v, _mm_load_ss(get(4 * b + i)), i << 4);
-    }
-    q[b] = v;
-  }
-  const __m256 lo = _mm256_insertf128_ps(_mm256_castps128_ps256(q[0]), q[1], 1);
-  const __m256 hi = _mm256_insertf128_ps(_mm256_castps128_ps256(q[2]), q[3], 1);
-  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+  return _mm512_insertf32x8(_mm512_castps256_ps512(Lanes8(n, get)), Lanes8(n, get, 1), 1);
 }
 
 }  // namespace

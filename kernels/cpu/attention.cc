@@ -210,6 +210,24 @@ void ChunkPartials(Isa isa, const AttentionParams& p, const ChunkJob* jobs, int3
   }
 }
 
+// *acc[i] <- merge(*acc[i], c[i]) for i < n (distinct acc[i], n <= kMaxChunkJobs): n
+// independent merges, as the lanes of one register with AVX-512 and AVX2 (same bits as
+// MergePartial one by one), else one after another.
+void MergePartials(Isa isa, int32_t head_dim, int32_t n, AttentionPartial* const* acc,
+                   const AttentionPartial* c) {
+  switch (isa) {
+    case Isa::kAvx512:
+      internal::MergePartialsAvx512(head_dim, n, acc, c);
+      return;
+    case Isa::kAvx2:
+      internal::MergePartialsAvx2(head_dim, n, acc, c);
+      return;
+    case Isa::kScalar:
+      break;
+  }
+  for (int32_t i = 0; i < n; ++i) MergePartial(isa, head_dim, acc[i], c[i]);
+}
+
 // acc <- c (the merge's starting state is chunk 0's partial, unchanged).
 void CopyPartial(int32_t head_dim, const AttentionPartial& c, AttentionPartial* acc) {
   acc->m = c.m;
@@ -337,11 +355,7 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
       if (e - k > 1) {
         AttentionPartial* targets[kMaxChunkJobs];
         for (int32_t j = k; j < e; ++j) targets[j - k] = &acc[owner[j]];
-        if (isa == Isa::kAvx512) {
-          internal::MergePartialsAvx512(p.head_dim, e - k, targets, parts + k);
-        } else {
-          internal::MergePartialsAvx2(p.head_dim, e - k, targets, parts + k);
-        }
+        MergePartials(isa, p.head_dim, e - k, targets, parts + k);
       } else if (merges) {
         MergePartial(isa, p.head_dim, &acc[owner[k]], parts[k]);
       } else {
@@ -458,9 +472,9 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     }
   }
 
-  // Split items, in runs of the split_heads[k] items k, k + 1, ... whose chunks are computed
+  // Split items, in groups of the split_heads[k] items k, k + 1, ... whose chunks are computed
   // together: kv_unit for the first of a lone row's kv_unit heads of one kv head (0 for the
-  // others), 1 for every other split item. The n chunks of a run's items are cut into runs of
+  // others), 1 for every other split item. The n chunks of a group's items are cut into runs of
   // FirstRunChunks(n, workers) chunks. The first is walked and merged as it goes by one worker,
   // which leaves each item's running state in split_states[k + i]; each later chunk's partials go
   // to the scratch, chunk-major: item k + i's partial of chunk c >= first is
@@ -468,12 +482,12 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   std::vector<int64_t>& split_items = s->split_items;
   std::vector<int64_t>& chunk_base = s->chunk_base;
   std::vector<int32_t>& split_heads = s->split_heads;
-  std::vector<int32_t>& split_runs = s->split_runs;  // k of each run's first item
+  std::vector<int32_t>& split_groups = s->split_groups;  // k of each group's first item
   std::vector<uint8_t>& is_split = s->is_split;
   split_items.clear();
   chunk_base.clear();
   split_heads.clear();
-  split_runs.clear();
+  split_groups.clear();
   is_split.assign(n_items, 0);
   int64_t n_partials = 0;
   for (int64_t i = first_split; i < n_items; ++i) {
@@ -481,7 +495,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     const int32_t n = NumChunks(p, it.row);
     if (n < 2 && kernel != AttentionKernel::kSplit) continue;
     const int32_t heads = unit_heads(it.row) == 1 ? 1 : kv_run(it.head);
-    if (heads > 0) split_runs.push_back(static_cast<int32_t>(split_items.size()));
+    if (heads > 0) split_groups.push_back(static_cast<int32_t>(split_items.size()));
     split_items.push_back(i);
     chunk_base.push_back(n_partials);
     split_heads.push_back(heads);
@@ -550,7 +564,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     }
     if (group_n > 0) tasks.insert(tasks.end(), {kRowsTask, group_first, group_n, h});
   }
-  for (const int32_t k : split_runs) {
+  for (const int32_t k : split_groups) {
     const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).row);
     const int32_t per = FirstRunChunks(n, workers);
     for (int32_t c0 = 0; c0 < n; c0 += per) {
@@ -604,7 +618,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
         for (int32_t i = 0; i < t[2]; ++i) items[i] = {t[1] + i, t[3]};
         RunSingle(isa, p, items, t[2]);
         return;
-      default: {  // kSplitTask: chunks t[2] .. t[2] + t[3] - 1 of split run k
+      default: {  // kSplitTask: chunks t[2] .. t[2] + t[3] - 1 of split group k
         const int64_t k = t[1];
         const int32_t heads = split_heads[k];
         for (int32_t i = 0; i < heads; ++i) items[i] = ItemOf(p, split_items[k + i]);
@@ -634,11 +648,10 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
       }
     }
   };
-  // Phase 2: one worker per split run merges its later chunks' partials into the first run's
+  // Phase 2: one worker per split group merges its later chunks' partials into the first run's
   // states, left to right (a kv unit's heads as the lanes of one register), then writes them.
-  const bool lanes = isa == Isa::kAvx512 || isa == Isa::kAvx2;
   auto phase2 = [&](int /*worker*/, int64_t r) {
-    const int32_t k = split_runs[r];
+    const int32_t k = split_groups[r];
     const int32_t heads = split_heads[k];
     const int32_t n = NumChunks(p, ItemOf(p, split_items[k]).row);
     const int32_t first = FirstRunChunks(n, workers);
@@ -647,21 +660,13 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     AttentionPartial* targets[kGroupQueries];
     for (int32_t i = 0; i < heads; ++i) targets[i] = &acc[i];
     for (int32_t c = first; c < n; ++c, parts += heads) {
-      if (heads > 1 && lanes) {
-        if (isa == Isa::kAvx512) {
-          internal::MergePartialsAvx512(p.head_dim, heads, targets, parts);
-        } else {
-          internal::MergePartialsAvx2(p.head_dim, heads, targets, parts);
-        }
-      } else {
-        for (int32_t i = 0; i < heads; ++i) MergePartial(isa, p.head_dim, &acc[i], parts[i]);
-      }
+      MergePartials(isa, p.head_dim, heads, targets, parts);
     }
     for (int32_t i = 0; i < heads; ++i) {
       FinishPartial(isa, p.head_dim, acc[i], OutOf(p, ItemOf(p, split_items[k + i])));
     }
   };
-  const int64_t n_split = static_cast<int64_t>(split_runs.size());
+  const int64_t n_split = static_cast<int64_t>(split_groups.size());
   if (pool != nullptr && workers > 1) {
     pool->Run(n_tasks, phase1);
     if (n_split > 0) pool->Run(n_split, phase2);

@@ -131,8 +131,8 @@ class AttentionScratch {
   std::vector<int64_t> split_items;
   std::vector<int64_t> chunk_base;
   std::vector<uint8_t> is_split;
-  std::vector<int32_t> split_heads;  // per split item: the heads its tasks compute (0: none)
-  std::vector<int32_t> split_runs;   // the split items whose tasks compute split_heads > 0 heads
+  std::vector<int32_t> split_heads;   // per split item: the heads its tasks compute (0: none)
+  std::vector<int32_t> split_groups;  // the split items whose tasks compute split_heads > 0 heads
   std::vector<AttentionPartial> split_states;  // per split item: its first run's running state
   std::vector<int32_t> tasks;
   // The call's sibling groups (decode rows of different sequences that share the K/V blocks of

@@ -88,7 +88,7 @@ TEST(AttentionGqa, ALoneRowsHeadsOfOneKvHeadAreOneUnit) {
   // Each unit's 44 chunks in runs of ceil(44 / 12) = 4, one task each: 11 runs per unit. The
   // first run is walked and merged in place (no partials); the other 40 chunks' partials of the
   // unit's 4 heads wait for the merge.
-  ASSERT_EQ(s.split_runs.size(), 8u);
+  ASSERT_EQ(s.split_groups.size(), 8u);
   std::vector<int32_t> chunks(32, 0), runs(32, 0);
   for (size_t t = 0; t < s.tasks.size(); t += 4) {
     if (s.tasks[t] != 3) continue;  // kSplitTask {split index, first chunk, chunks}

@@ -246,8 +246,7 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
     }
     // kv_layers - 1 more copies of the pool: call i reads copy i % kv_layers, as the engine's
     // layers take turns: with enough copies, none is still in the cache when its turn comes.
-    const size_t pool_elems = c.kv == bk::DType::kBF16 ? n16 : pool_floats;
-    const size_t pool_bytes = pool_elems * (c.kv == bk::DType::kBF16 ? 2 : 4);
+    const size_t pool_bytes = pool_floats * (c.kv == bk::DType::kBF16 ? 2 : 4);
     std::vector<std::pair<const void*, const void*>> layers;
     std::vector<std::unique_ptr<KvPool<char>>> copies;
     layers.emplace_back(

@@ -19,12 +19,16 @@
 // An unknown argument or value prints this usage and exits 2.
 // Rooflines in the same process: the FMA peak (the engine's ISA, --threads threads) and the read
 // bandwidth (the same threads, a buffer of max(1 GiB, 4 x L3)) of tests/bench/bench_roofline.h,
-// measured before the first case and after the last; every case is reported against their mean.
+// measured before the first case and again after every case's rep; each rep is reported against
+// the mean of the two measurements around it, so a neighbour that loads a shared machine for a
+// while moves a rep's figure and its roofline together (one pair for the whole run read 321 and
+// 476 GFLOP/s on such a machine).
 // One progress line per case and rep on stderr while the cases run; then on stdout both
 // rooflines, and per case and rep "rep N | case | prefill X tok/s | decode Y tok/s" followed by
 // prefill GFLOP/s and % of the FMA peak, and decode GFLOP/s and % of the FMA peak (judge batch 32
 // by it), bytes read per decode step and GB/s and % of the read bandwidth (judge batch 1 by it);
-// then a table of medians. The flop and byte formulas are the functions under "The attention
+// then the rep's roofline; then a table of medians (the % columns: the median of the reps' own
+// percentages). The flop and byte formulas are the functions under "The attention
 // suite's flop and byte counts" below.
 //
 // Decode tok/s at batch 1, 8, 32, 64 with 1 and 2 threads, and prefill tok/s, on stories260K and
@@ -36,6 +40,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -278,27 +283,41 @@ struct Roofline {
   double read_gbs = 0;  // 0: not measured (no AVX2 or AVX-512)
 };
 
-// The FMA peak of `isa` and the read bandwidth with `isa`'s loads (AVX2 or AVX-512; else not
-// measured) on `threads` threads, the bandwidth over a buffer of max(1 GiB, 4 x the L3 cache) so
-// that it comes from DRAM. Medians of 21 runs (~5 ms each) and of 7 runs (one pass each).
-Roofline MeasureRoofline(kernels::Isa isa, int threads) {
+// The buffer the read bandwidth is measured over: max(1 GiB, 4 x the L3 cache), so that it comes
+// from DRAM; empty when `isa` cannot run the probe or the memory is refused.
+kernels::ZeroPages RooflineBuffer(kernels::Isa isa) {
+  if (!bench::ReadBandwidthSupported(isa)) return {};
+  const int64_t l3 = std::max<int64_t>(0, sysconf(_SC_LEVEL3_CACHE_SIZE));
+  return bench::ReadBandwidthBuffer(std::max<int64_t>(int64_t{1} << 30, 4 * l3));
+}
+
+// The FMA peak of `isa` and the read bandwidth with `isa`'s loads over `buf` (not measured when
+// it is empty) on `threads` threads. Medians of 21 runs (~5 ms each) and of 7 runs (one pass
+// each): about 0.3 s.
+Roofline MeasureRoofline(kernels::Isa isa, int threads, const kernels::ZeroPages& buf) {
   Roofline r;
   r.peak_gflops = bench::FmaPeak(isa, threads, 21);
-  if (!bench::ReadBandwidthSupported(isa)) return r;
-  const int64_t l3 = std::max<int64_t>(0, sysconf(_SC_LEVEL3_CACHE_SIZE));
-  const kernels::ZeroPages buf =
-      bench::ReadBandwidthBuffer(std::max<int64_t>(int64_t{1} << 30, 4 * l3));
   if (buf.data() == nullptr) return r;
   r.read_gbs = bench::ReadBandwidth(isa, threads, 7, reinterpret_cast<const float*>(buf.data()),
                                     static_cast<int64_t>(buf.size() / sizeof(float)));
   return r;
 }
 
-// "12.3%": value as a percentage of limit, or "n/a" when the limit was not measured.
-std::string Percent(double value, double limit) {
-  if (limit <= 0) return "n/a";
+// The mean of two measurements (the ones just before and just after a rep).
+Roofline MeanRoofline(const Roofline& a, const Roofline& b) {
+  return {(a.peak_gflops + b.peak_gflops) / 2, (a.read_gbs + b.read_gbs) / 2};
+}
+
+// 100 * value / limit, or a negative number when the limit was not measured.
+double PercentOf(double value, double limit) {
+  return limit > 0 ? 100 * value / limit : -1;
+}
+
+// "12.3%" for a PercentOf() value, "n/a" for a negative one.
+std::string Percent(double percent) {
+  if (percent < 0) return "n/a";
   char b[32];
-  std::snprintf(b, sizeof(b), "%.1f%%", 100 * value / limit);
+  std::snprintf(b, sizeof(b), "%.1f%%", percent);
   return b;
 }
 
@@ -385,12 +404,17 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
       std::printf("n/a (needs AVX2 or AVX-512)\n");
     std::fflush(stdout);
   };
-  const Roofline before = MeasureRoofline(isa, threads);
-  print_roofline("before", before);
+  const kernels::ZeroPages roofline_buf = RooflineBuffer(isa);
+  std::vector<Roofline> probes = {MeasureRoofline(isa, threads, roofline_buf)};
+  print_roofline("before", probes.front());
 
   struct Figures {
     double prefill_tps = 0, decode_tps = 0;
     double prefill_gflops = 0, decode_gflops = 0, decode_gbs = 0, decode_mb_per_step = 0;
+    Roofline roof;  // the mean of the measurements just before and just after this rep
+    double prefill_peak_pct() const { return PercentOf(prefill_gflops, roof.peak_gflops); }
+    double decode_peak_pct() const { return PercentOf(decode_gflops, roof.peak_gflops); }
+    double decode_bw_pct() const { return PercentOf(decode_gbs, roof.read_gbs); }
   };
   std::vector<std::vector<Figures>> figures(std::size(cases));
   for (int rep = 0; rep < reps; ++rep) {
@@ -431,6 +455,8 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
         f.decode_gbs = r.decode_bytes / r.decode_s / 1e9;
         f.decode_mb_per_step = r.decode_bytes / r.decode_steps / 1e6;
       }
+      probes.push_back(MeasureRoofline(isa, threads, roofline_buf));
+      f.roof = MeanRoofline(probes[probes.size() - 2], probes.back());
       figures[i].push_back(f);
       // Progress only: the lines with the % of the rooflines follow the last measurement.
       std::fprintf(stderr,
@@ -441,17 +467,20 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
     }
   }
 
-  const Roofline after = MeasureRoofline(isa, threads);
-  print_roofline("after", after);
-  Roofline mean;
-  mean.peak_gflops = (before.peak_gflops + after.peak_gflops) / 2;
-  mean.read_gbs = (before.read_gbs + after.read_gbs) / 2;
+  print_roofline("after", probes.back());
+  // The run's spread, and the median measurement (scripts/bench-peer.sh reads its bandwidth).
+  auto spread = [&](double Roofline::*field) {
+    std::vector<double> v;
+    for (const Roofline& r : probes) v.push_back(r.*field);
+    return std::array<double, 3>{Median(v), *std::min_element(v.begin(), v.end()),
+                                 *std::max_element(v.begin(), v.end())};
+  };
+  const auto peak = spread(&Roofline::peak_gflops), bw = spread(&Roofline::read_gbs);
   std::printf(
-      "roofline used (mean of before and after): FMA peak %.1f GFLOP/s (min %.1f, max "
-      "%.1f) | read bandwidth %.1f GB/s (min %.1f, max %.1f)\n",
-      mean.peak_gflops, std::min(before.peak_gflops, after.peak_gflops),
-      std::max(before.peak_gflops, after.peak_gflops), mean.read_gbs,
-      std::min(before.read_gbs, after.read_gbs), std::max(before.read_gbs, after.read_gbs));
+      "roofline used (each rep against the mean of the measurements just before and after it; "
+      "the median of all %zu): FMA peak %.1f GFLOP/s (min %.1f, max %.1f) | read bandwidth %.1f "
+      "GB/s (min %.1f, max %.1f)\n",
+      probes.size(), peak[0], peak[1], peak[2], bw[0], bw[1], bw[2]);
 
   // Prefill: GFLOP/s and % of the FMA peak. Decode: GFLOP/s and % of the FMA peak (the judge at
   // batch 32), bytes per step, GB/s and % of the read bandwidth (the judge at batch 1).
@@ -464,18 +493,18 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
           "rep %d | %s | prefill %.1f tok/s | decode %.1f tok/s | prefill %.1f GFLOP/s %s "
           "peak",
           rep, c.name, f.prefill_tps, f.decode_tps, f.prefill_gflops,
-          Percent(f.prefill_gflops, mean.peak_gflops).c_str());
+          Percent(f.prefill_peak_pct()).c_str());
       if (c.gen > 1) {
-        std::printf(" | decode %.1f GFLOP/s %s peak, %.1f MB/step %.1f GB/s %s bw\n",
-                    f.decode_gflops, Percent(f.decode_gflops, mean.peak_gflops).c_str(),
-                    f.decode_mb_per_step, f.decode_gbs,
-                    Percent(f.decode_gbs, mean.read_gbs).c_str());
+        std::printf(" | decode %.1f GFLOP/s %s peak, %.1f MB/step %.1f GB/s %s bw", f.decode_gflops,
+                    Percent(f.decode_peak_pct()).c_str(), f.decode_mb_per_step, f.decode_gbs,
+                    Percent(f.decode_bw_pct()).c_str());
       } else {
-        std::printf(" | decode -\n");
+        std::printf(" | decode -");
       }
+      std::printf(" | roofline %.1f GFLOP/s %.1f GB/s\n", f.roof.peak_gflops, f.roof.read_gbs);
     }
   }
-  // Medians over the reps; the % columns set the median against the mean roofline.
+  // Medians over the reps; the % columns are the medians of the reps' own percentages.
   std::printf(
       "| case | threads | prefill tok/s | decode tok/s | prefill GFLOP/s | prefill %% peak | "
       "decode GFLOP/s | decode %% peak | decode MB/step | decode GB/s | decode %% bw |\n"
@@ -483,19 +512,22 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
   for (size_t i = 0; i < std::size(cases); ++i) {
     const Case& c = cases[i];
     if (!selected(c)) continue;
-    auto median = [&](double Figures::*field) {
+    auto median = [&](auto get) {
       std::vector<double> v;
-      for (const Figures& f : figures[i]) v.push_back(f.*field);
+      for (const Figures& f : figures[i]) v.push_back(get(f));
       return Median(v);
     };
-    const double pgf = median(&Figures::prefill_gflops);
+    auto field = [](double Figures::*m) { return [m](const Figures& f) { return f.*m; }; };
     std::printf("| %s | %d | %.1f | %.1f | %.1f | %s |", c.name, threads,
-                median(&Figures::prefill_tps), c.gen > 1 ? median(&Figures::decode_tps) : 0.0, pgf,
-                Percent(pgf, mean.peak_gflops).c_str());
+                median(field(&Figures::prefill_tps)),
+                c.gen > 1 ? median(field(&Figures::decode_tps)) : 0.0,
+                median(field(&Figures::prefill_gflops)),
+                Percent(median([](const Figures& f) { return f.prefill_peak_pct(); })).c_str());
     if (c.gen > 1) {
-      const double dgf = median(&Figures::decode_gflops), gbs = median(&Figures::decode_gbs);
-      std::printf(" %.1f | %s | %.1f | %.1f | %s |\n", dgf, Percent(dgf, mean.peak_gflops).c_str(),
-                  median(&Figures::decode_mb_per_step), gbs, Percent(gbs, mean.read_gbs).c_str());
+      std::printf(" %.1f | %s | %.1f | %.1f | %s |\n", median(field(&Figures::decode_gflops)),
+                  Percent(median([](const Figures& f) { return f.decode_peak_pct(); })).c_str(),
+                  median(field(&Figures::decode_mb_per_step)), median(field(&Figures::decode_gbs)),
+                  Percent(median([](const Figures& f) { return f.decode_bw_pct(); })).c_str());
     } else {
       std::printf(" - | - | - | - | - |\n");
     }

@@ -1,7 +1,8 @@
 // tests/bench/bench_roofline.h: the machine limits the benchmarks set their figures against,
 // measured in the benchmark's own process: the FMA peak (register-only fma chains) and the read
 // bandwidth (a sum over a buffer). bench_kernels prints them; bench_engine --attention-suite
-// measures them before its first case and after its last and reports every case against them.
+// measures them before its first case and after each case's rep, and reports each rep against
+// the two around it.
 //
 // Thread-safety: FmaPeak and ReadBandwidth start and join their own threads; do not run two at
 // once (they share BenchClock's settings and would compete for the cores they measure).

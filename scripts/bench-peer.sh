@@ -13,7 +13,8 @@
 # (default) runs the two. Each rep runs bitroll then the peer, the next rep the peer first;
 # prints every run and then, per case, the medians and bitroll / llama.cpp (of the medians, and
 # the range of the per-rep ratios), and for decode both engines' tok/s as a % of the bandwidth
-# roofline (bitroll's bytes per step at the read bandwidth bench_engine measured in that rep).
+# roofline (bitroll's bytes per step at the read bandwidth bench_engine measured around that case
+# in that rep).
 # Needs node and npm (Debian: nodejs npm) and the npm registry once; the peer goes into WORK/peer
 # (default WORK: build/bench-work), about 85 MB, and each GGUF about 540 MB.
 set -euo pipefail
@@ -85,7 +86,9 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 # Echoes its input to stderr and appends, from each line that starts with PREFIX ("rep 0 | case |
 # prefill X tok/s | decode Y tok/s | ...", with bitroll's "..., M MB/step ..."), "SIDE KV case
-# REP X Y M" to the log, and from bitroll's "roofline used" line "bw KV - REP GB/s - -".
+# REP X Y M" to the log; from such a bitroll line that ends with the rep's roofline ("| roofline P
+# GFLOP/s B GB/s"), "bw KV case REP B - -"; and from bitroll's "roofline used" line (the median of
+# the run's measurements) "bw KV - REP GB/s - -".
 record() {  # SIDE KV REP PREFIX
   awk -v side="$1" -v kv="$2" -v rep="$3" -v prefix="$4" -F' [|] ' '{ print > "/dev/stderr" }
     index($0, prefix) == 1 {
@@ -93,7 +96,10 @@ record() {  # SIDE KV REP PREFIX
       sub(/decode /, "", d); sub(/ tok\/s.*/, "", d)
       mb = "-"
       if (match($0, /[0-9.]+ MB\/step/)) mb = substr($0, RSTART, RLENGTH - 8)
-      print side "\t" kv "\t" $2 "\t" rep "\t" p "\t" d "\t" mb }
+      print side "\t" kv "\t" $2 "\t" rep "\t" p "\t" d "\t" mb
+      if (match($0, /roofline [0-9.]+ GFLOP\/s [0-9.]+ GB\/s/)) {
+        r = substr($0, RSTART, RLENGTH); sub(/ GB\/s$/, "", r); sub(/.* /, "", r)
+        print "bw\t" kv "\t" $2 "\t" rep "\t" r "\t-\t-" } }
     /^roofline used/ && match($0, /read bandwidth [0-9.]+ GB\/s/) {
       print "bw\t" kv "\t-\t" rep "\t" substr($0, RSTART + 15, RLENGTH - 20) "\t-\t-" }' >>"$log"
 }
@@ -133,16 +139,18 @@ f = lambda v: None if v == "-" else float(v)
 # A peer kv -> the bitroll kv it is paired with.
 pair = {"f32": "f32", "bf16": "bf16", "f16": "bf16"}
 batch = lambda case: 32 if "b32" in case else 1
+# bw: (bitroll kv, case, rep) -> GB/s, the case's own roofline in that rep, or with case "-" the
+# median of the rep's run (bench_engine builds that print no per-rep roofline).
 runs, bw, mb = {}, {}, {}  # (bitroll kv, case, side, rep) -> (prefill, decode); GB/s; MB/step
 for side, kv, case, rep, p, d, m in rows:
     if side == "bw":
-        bw[(kv, rep)] = float(p)
+        bw[(kv, case, rep)] = float(p)
         continue
     runs[(pair[kv], case, side, rep)] = (f(p), f(d))
     if f(m):
         mb[(pair[kv], case)] = f(m)  # the same every rep: bytes one decode step reads
-# Decode % bw: tok/s against bitroll's read-bandwidth roofline of the rep (both engines read the
-# same bytes per step: the same weights, and K/V of the same element size).
+# Decode % bw: tok/s against bitroll's read-bandwidth roofline of the case in that rep (both
+# engines read the same bytes per step: the same weights, and K/V of the same element size).
 print("\n| K/V (bitroll / llama.cpp) | case | phase | bitroll tok/s | llama.cpp tok/s "
       "| ratio of medians | per-rep ratios | bitroll % bw | llama.cpp % bw |")
 print("|---|---|---|---|---|---|---|---|---|")
@@ -160,9 +168,11 @@ for bkv in dict.fromkeys(k[0] for k in runs):
             ratios = sorted(x / y for x, y, _ in pairs)
             pct = ["-", "-"]
             if phase == "decode" and (bkv, case) in mb:
+                def rep_bw(r):
+                    return bw.get((bkv, case, r), bw.get((bkv, "-", r)))
                 for j in (0, 1):
-                    v = [t[j] * mb[(bkv, case)] / batch(case) / 1e3 / bw[(bkv, t[2])]
-                         for t in pairs if (bkv, t[2]) in bw]
+                    v = [t[j] * mb[(bkv, case)] / batch(case) / 1e3 / rep_bw(t[2])
+                         for t in pairs if rep_bw(t[2])]
                     if v:
                         pct[j] = "%.0f%%" % (100 * statistics.median(v))
             kvname = "bf16 / f16" if bkv == "bf16" else "f32 / f32"

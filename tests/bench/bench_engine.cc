@@ -468,7 +468,8 @@ int AttentionSuite(const std::string& work, int reps, int threads, kernels::DTyp
   }
 
   print_roofline("after", probes.back());
-  // The run's spread, and the median measurement (scripts/bench-peer.sh reads its bandwidth).
+  // The run's spread, and the median measurement (scripts/bench-peer.sh falls back to its
+  // bandwidth where a rep's line carries none).
   auto spread = [&](double Roofline::*field) {
     std::vector<double> v;
     for (const Roofline& r : probes) v.push_back(r.*field);

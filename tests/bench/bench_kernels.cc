@@ -189,11 +189,12 @@ int BenchAttention(bk::Isa isa, int reps, const std::string& only, bool consecut
   add_gqa(2, 64, "decode b1 ctx16384 gqa hd64", "decode b1 ctx16384 gqa hd64 bf16kv");
   // bench_engine's "gqa" model: 12 query heads over 3 kv heads, so 2 threads split the third
   // kv unit's chunks (the split-tail kernel with grouped-query units).
-  for (const char* name : {"decode b1 ctx16384 gqa3 hd64", "decode b1 ctx16384 gqa3 hd64 bf16kv"}) {
-    AttentionCase c = cases[cases.size() - 2];  // the hd64 16K case, fp32 then bf16
+  const size_t hd64_16k = cases.size() - 2;  // the two cases just added: fp32, then bf16
+  for (size_t i = 0; i < 2; ++i) {
+    AttentionCase c = cases[hd64_16k + i];
     c.heads = 12;
     c.kv_heads = 3;
-    c.name = name;
+    c.name = i == 0 ? "decode b1 ctx16384 gqa3 hd64" : "decode b1 ctx16384 gqa3 hd64 bf16kv";
     cases.push_back(c);
   }
   for (int32_t len : {512, 4096}) {

@@ -157,6 +157,16 @@ constexpr int32_t kGroupQueries = 8;
 constexpr int32_t kMinTileQueries = 4;
 static_assert(kMinTileQueries <= kGroupQueries, "a group too short for a tile fits RunSingle");
 static_assert(kGroupQueries <= internal::kTileRows, "a sibling group without the tile fits");
+// A lone decode row's heads (one query head per kv head) run up to this many per task when the
+// call has enough rows for every worker to take several tasks; else up to kGroupQueries, so that
+// a few rows still spread over every worker. A block's heads are adjacent in the pool, so a task
+// with all of a row's heads reads each of its blocks' K and V as one run: with 12 heads of 64,
+// 48 KB each instead of two tasks reading 24 KB halves at different times. Batch-32 decode,
+// 12 heads: up to 1.07x the step with 6-head tasks (docs/benchmarks.md, "Issue 19, round 13").
+constexpr int32_t kMaxHeadGroup = 16;
+constexpr int32_t kMinTasksPerWorker = 4;
+// The most items one RunSingle call takes.
+constexpr int32_t kMaxRunItems = std::max(kGroupQueries, kMaxHeadGroup);
 
 // out[i] <- the canonical partial of jobs[i]; bit-identical to ChunkPartial of each job alone.
 void ChunkPartialsIsa(Isa isa, const AttentionParams& p, const ChunkJob* jobs, int32_t n,
@@ -295,7 +305,7 @@ inline ChunkJob AheadJobOf(const AttentionParams& p, Item it, int32_t rel, int32
 }
 
 // The single-worker kernel for the items (consecutive tokens of one head and one sequence, or
-// consecutive heads of one token, e.g. a kv unit; n_queries <= kGroupQueries): each item walks all
+// consecutive heads of one token, e.g. a kv unit; n_queries <= kMaxRunItems): each item walks all
 // its chunks and merges them left to right as they are produced. The items only share the task:
 // their chunks are computed up to kMaxChunkJobs at a time (the same chunk of several queries, or
 // consecutive chunks of one query; a kv unit's batches hold whole chunks), and each partial is
@@ -307,12 +317,12 @@ inline ChunkJob AheadJobOf(const AttentionParams& p, Item it, int32_t rel, int32
 void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_queries,
                const AttentionPartial* start = nullptr, int32_t resume = 0,
                AttentionPartial* keep = nullptr, int32_t end = 0) {
-  AttentionPartial acc[kGroupQueries];
+  AttentionPartial acc[kMaxRunItems];
   AttentionPartial parts[kMaxChunkJobs];
   ChunkJob jobs[kMaxChunkJobs];
   int32_t owner[kMaxChunkJobs];
   int32_t rel[kMaxChunkJobs];  // the job's chunk index within its window
-  int32_t n_chunks[kGroupQueries];
+  int32_t n_chunks[kMaxRunItems];
   int32_t max_chunks = 0;
   const bool sink = p.sinks != nullptr;
   for (int32_t i = 0; i < n_queries; ++i) {
@@ -524,11 +534,16 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   // Lone rows' heads: with grouped-query attention, the kv_run heads of one kv head per task
   // (none of them split). Otherwise (one query head per kv head), when there are at least as many
   // lone rows as workers: runs of up to head_group consecutive heads (the heads cut evenly), none
-  // of them split, whose chunks are computed together (a block's heads are adjacent in the pool).
+  // of them split, whose chunks are computed together (a block's heads are adjacent in the pool);
+  // head_group is at most kMaxHeadGroup when that still gives every worker kMinTasksPerWorker
+  // tasks, else at most kGroupQueries.
   int32_t n_lone = 0;
   for (int32_t t = 0; t < p.n_tokens; ++t) n_lone += lone(t) ? 1 : 0;
   const bool head_groups = kv_units || n_lone >= workers;
-  const int32_t n_head_groups = (p.n_heads + kGroupQueries - 1) / kGroupQueries;
+  const int32_t wide_groups = (p.n_heads + kMaxHeadGroup - 1) / kMaxHeadGroup;
+  const bool wide = int64_t{n_lone} * wide_groups >= int64_t{kMinTasksPerWorker} * workers;
+  const int32_t n_head_groups =
+      wide ? wide_groups : (p.n_heads + kGroupQueries - 1) / kGroupQueries;
   const int32_t head_group = (p.n_heads + n_head_groups - 1) / n_head_groups;
   for (int32_t t = 0; t < p.n_tokens && head_groups; ++t) {
     if (!lone(t)) continue;
@@ -591,7 +606,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   };
   auto phase1 = [&](int /*worker*/, int64_t task) {
     const int32_t* t = &tasks[4 * task];
-    Item items[kGroupQueries];
+    Item items[kMaxRunItems];
     switch (t[0]) {
       case kHeadsTask:  // heads t[3] .. t[3] + t[2] - 1 of token t[1]
         for (int32_t i = 0; i < t[2]; ++i) items[i] = {t[1], t[3] + i};

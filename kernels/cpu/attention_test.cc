@@ -58,13 +58,16 @@ TEST(Attention, PrefillRowsOfOneSequenceGiveTheReferenceBits) {
 
 // Decode-shaped calls (every row its own sequence) with at least as many rows as workers: the
 // single-worker tasks group a row's heads (12 heads over 4 kv heads: units of the 3 heads of one
-// kv head; 20 heads over 20: runs of 7, 7 and 6), and with 5 workers the last units or heads are
-// split-tail items, so the row's head run stops before them. fp32 and bf16 caches, every ISA: the
+// kv head; one query head per kv head: with at least 4 tasks per worker, runs of up to 16 heads,
+// so 12 heads in one run and 20 in runs of 10 on 1 and 2 workers, else of up to 8, 12 as 6 and 6
+// and 20 as 7, 7 and 6 on 5 workers), and with 5 workers the last units or heads are split-tail
+// items, so the row's head run stops before them. fp32 and bf16 caches, every ISA: the
 // reference's bits.
 TEST(Attention, DecodeRowsWithGroupedHeadsGiveTheReferenceBits) {
   uint32_t seed = 51;
   for (bool bf16 : {false, true}) {
     for (const Case& c : {Case{12, 4, 64, 16, {3, 31, 32, 100, 255, 256, 17, 1, 600}},
+                          Case{12, 12, 64, 16, {3, 31, 32, 100, 255, 256, 17, 1, 600}},
                           Case{20, 20, 8, 32, {0, 47, 48, 130, 9}}}) {
       Fixture f(c, seed++);
       if (bf16) f.UseBf16Kv();

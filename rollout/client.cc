@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <thread>
 
 namespace bitroll::rollout {
 
@@ -435,7 +436,35 @@ Result<StatusInfo> Client::GetStatus(int timeout_ms) {
   r.draining = s->draining();
   r.waiting_for_weights = s->waiting_for_weights();
   if (s->fingerprint() != nullptr) r.fingerprint = FingerprintFromWire(s->fingerprint());
+  r.wal_enabled = s->wal_enabled();
+  r.wal_last_lsn = s->wal_last_lsn();
+  r.wal_committed_lsn = s->wal_committed_lsn();
+  r.wal_durable_lsn = s->wal_durable_lsn();
+  if (s->wal_error() != nullptr) r.wal_error = StatusFromWire(s->wal_error());
   return r;
+}
+
+Status Client::WaitCommitted(int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto left = [&] { return RemainingMs(deadline); };
+  // The first reply's wal_last_lsn covers everything sent before (one connection, in order).
+  BR_ASSIGN_OR_RETURN(StatusInfo first, GetStatus(left()));
+  if (!first.wal_enabled) {
+    return Status::FailedPrecondition("WaitCommitted: the service runs without a WAL (--data-dir)");
+  }
+  StatusInfo now = first;
+  while (true) {
+    if (!now.wal_error.ok()) return now.wal_error;  // what came after it was not logged
+    if (now.wal_committed_lsn >= first.wal_last_lsn) return Status::Ok();
+    if (left() == 0) {
+      return Status::Timeout("WaitCommitted: the WAL committed up to " +
+                             std::to_string(now.wal_committed_lsn) + " of " +
+                             std::to_string(first.wal_last_lsn) + " within " +
+                             std::to_string(timeout_ms) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    BR_ASSIGN_OR_RETURN(now, GetStatus(left()));
+  }
 }
 
 Status Client::Ack(uint64_t group_id, const std::vector<std::pair<uint32_t, uint32_t>>& samples) {

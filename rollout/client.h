@@ -152,6 +152,12 @@ struct StatusInfo {
   uint32_t waiting_for_weights = 0;  // recovered trajectories waiting for their weights version
   // The replicas' numerics fingerprint (weights_hash: the live weights'); empty before one joined.
   std::optional<NumericsFingerprint> fingerprint;
+  // The WAL (all 0 / false without --data-dir): positions as in schema/rollout.fbs StatusReply.
+  bool wal_enabled = false;
+  uint64_t wal_last_lsn = 0;       // appended, up to this reply
+  uint64_t wal_committed_lsn = 0;  // in a committed transaction: survives kill -9
+  uint64_t wal_durable_lsn = 0;    // fsynced: survives a crash of the machine
+  Status wal_error;                // the WAL's sticky error (ok: none)
 };
 
 struct Event {
@@ -228,6 +234,12 @@ class Client {
   // resume = false: pause dispatch and wait until nothing is in flight. true: resume.
   Status Drain(bool resume, int timeout_ms);
   Result<StatusInfo> GetStatus(int timeout_ms);
+  // Returns once everything this client sent before the call (Acks, Aborts, Submits) is in a
+  // committed WAL transaction, so that it survives kill -9 of the service: e.g. before a trainer
+  // checkpoints the trajectories it acknowledged. kTimeout after timeout_ms; FailedPrecondition
+  // when the service runs without a WAL; the WAL's sticky error once it has failed (what was sent
+  // after that was not logged).
+  Status WaitCommitted(int timeout_ms);
   // Tells the service the trainer has stored these trajectories.
   Status Ack(uint64_t group_id, const std::vector<std::pair<uint32_t, uint32_t>>& samples);
 

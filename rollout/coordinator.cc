@@ -359,6 +359,7 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
     fp = FingerprintToWire(fbb, live);
   }
   const WalLog* log = wal();
+  const wal::WalStats ws = log ? log->stats() : wal::WalStats{};
   auto reply = wire::CreateStatusReply(
       fbb, kProtocolVersion, static_cast<uint32_t>(table.queued()),
       static_cast<uint32_t>(table.InFlight()), static_cast<uint32_t>(table.size()),
@@ -367,8 +368,9 @@ void Coordinator::State::OnStatus(const std::string& client, uint64_t request_id
       weights.version(), paused || weights.draining(), log != nullptr,
       log ? log->counters.tokens_logged : 0, log ? log->counters.recovered_tokens : 0,
       log ? log->counters.forced_tokens : 0, log ? log->counters.resumed : 0,
-      log ? log->counters.forced_mismatches : 0, log ? log->stats().bytes_written : 0,
-      log && !log->status().ok() ? ErrorToWire(fbb, log->status()) : 0, waiting, fp);
+      log ? log->counters.forced_mismatches : 0, ws.bytes_written,
+      log && !log->status().ok() ? ErrorToWire(fbb, log->status()) : 0, waiting, fp, ws.last_lsn,
+      ws.committed_lsn, ws.durable_lsn);
   FinishEnvelope(fbb, request_id, wire::Message_StatusReply, reply.Union());
   SendClient(client, BufferView(fbb));
 }

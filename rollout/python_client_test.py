@@ -181,6 +181,12 @@ def main():
             check(c.update_weights("w7", 7, drain=True) == 7, "update_weights")
             st = c.status()
             check(len(st["replicas"]) == replicas and st["weight_version"] == 7, f"status {st}")
+            check(not st["wal_enabled"] and st["wal_last_lsn"] == 0, f"no WAL: status {st}")
+            try:
+                c.wait_committed(2000)
+                check(False, "wait_committed without a WAL returned")
+            except BitrollError as e:
+                check(e.code == "failed_precondition", e.code)
             stream = c.submit([[4, 4]], n=1, seed=5, max_tokens=10, group_id=4,
                               stream_tokens=True)
             t = stream.result()[0]

@@ -432,8 +432,18 @@ TEST(ReviewDefects, AcknowledgedTrajectoryStaysGoneAfterKill) {
     Collected r = SubmitAndCollect(*c, q);
     ASSERT_TRUE(r.done);
     ASSERT_EQ(r.got.size(), 8u);
+    auto before = c->GetStatus(kTimeoutMs);
+    ASSERT_TRUE(before.ok());
     ASSERT_TRUE(c->Ack(5, {{0, 0}, {0, 1}, {1, 2}}).ok());
-    std::this_thread::sleep_for(500ms);  // idle: well past the 10 ms commit interval
+    // Idle after the Ack: it must still be committed (the defect), and WaitCommitted says when.
+    const Status committed = c->WaitCommitted(kTimeoutMs);
+    ASSERT_TRUE(committed.ok()) << committed.ToString();
+    auto after = c->GetStatus(kTimeoutMs);
+    ASSERT_TRUE(after.ok());
+    EXPECT_TRUE(after->wal_enabled);
+    EXPECT_GT(after->wal_last_lsn, before->wal_last_lsn) << "the Ack took no place in the log";
+    EXPECT_GE(after->wal_committed_lsn, after->wal_last_lsn);
+    EXPECT_GE(after->wal_committed_lsn, after->wal_durable_lsn);
   }
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
@@ -447,6 +457,20 @@ TEST(ReviewDefects, AcknowledgedTrajectoryStaysGoneAfterKill) {
   EXPECT_EQ(r.got.count({0, 0}) + r.got.count({0, 1}) + r.got.count({1, 2}), 0u)
       << "an acknowledged trajectory came back after kill -9";
   std::filesystem::remove_all(dir);
+}
+
+// Without --data-dir there is nothing to wait for: WaitCommitted is a typed error, not a hang
+// and not a false "committed".
+TEST(ReviewDefects, WaitCommittedWithoutAWalIsAClearError) {
+  Service s = Start(CoordinatorOptions{});
+  auto c = Connect(s.endpoint, "a");
+  auto st = c->GetStatus(kTimeoutMs);
+  ASSERT_TRUE(st.ok());
+  EXPECT_FALSE(st->wal_enabled);
+  EXPECT_EQ(st->wal_last_lsn, 0u);
+  const Status w = c->WaitCommitted(kTimeoutMs);
+  EXPECT_EQ(w.code(), ErrorCode::kFailedPrecondition) << w.ToString();
+  s.coord->Stop();
 }
 
 }  // namespace

@@ -142,7 +142,7 @@ TEST(WalServiceFault, FullDiskIsStickyDeliversOnlyDurableAndLosesNothingAccepted
   std::map<Key, Traj> before;
   Status first_error;
   WalStatus ws;
-  Status refused;
+  Status refused, waited;
   {
     Service sv = StartService(dir);
     ASSERT_NE(sv.coord, nullptr);
@@ -167,6 +167,8 @@ TEST(WalServiceFault, FullDiskIsStickyDeliversOnlyDurableAndLosesNothingAccepted
     EXPECT_EQ(first_error.code(), ErrorCode::kNoSpace) << first_error.ToString();
     EXPECT_NE(first_error.message().find("WAL"), std::string::npos) << first_error.ToString();
     ws = QueryWal(sv.coord->endpoint());
+    // A trainer that waits for its messages to be committed gets the WAL's error, not a hang.
+    waited = c->WaitCommitted(3000);
     // A new group is refused with the sticky error.
     SubmitRequest other = Group(502, 12);
     auto r = c->Run(other, 3000);
@@ -175,6 +177,7 @@ TEST(WalServiceFault, FullDiskIsStickyDeliversOnlyDurableAndLosesNothingAccepted
   }
   ASSERT_TRUE(ws.replied);
   EXPECT_EQ(ws.error_code, static_cast<uint16_t>(ErrorCode::kNoSpace)) << ws.error_message;
+  EXPECT_EQ(waited.code(), ErrorCode::kNoSpace) << waited.ToString();
   EXPECT_EQ(refused.code(), ErrorCode::kNoSpace) << refused.ToString();
   EXPECT_NE(refused.message().find("not accepting new work"), std::string::npos)
       << refused.ToString();

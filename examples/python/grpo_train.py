@@ -120,6 +120,10 @@ def rollouts(state, args, step, prompt_ids):
                                            max_tokens=args.max_tokens)
             trajs = group.result()
             state["client"].ack(gid, [(t.prompt_index, t.sample_index) for t in trajs])
+            if args.data_dir:
+                # The Ack is in the WAL before the step trains: a later crash never re-delivers
+                # this group (where the trainer checkpoints, it would checkpoint after this).
+                state["client"].wait_committed()
             return trajs
         except (BitrollError, TimeoutError) as e:
             if state["service"] is None:

@@ -24,6 +24,7 @@ GroupDone. Another client_id can neither see, acknowledge nor abort the group.
 """
 
 import itertools
+import time
 import secrets
 from collections import deque
 
@@ -326,6 +327,28 @@ class Client:
     def status(self):
         env = self._wait_reply(self._send(Message.Status, p.StatusT()))
         return messages.status_reply(messages.table(env, p.StatusReply))
+
+    def wait_committed(self, timeout_ms=None):
+        """Returns once everything this client sent before the call (acks, aborts, submits) is in
+        a committed WAL transaction, so that it survives kill -9 of the service: e.g. before the
+        trainer checkpoints what it acknowledged. BitrollError("failed_precondition") without a
+        WAL, the WAL's own error once it has failed, BitrollError("timeout") after timeout_ms
+        (default: the client's timeout_ms)."""
+        deadline = time.monotonic() + (self.timeout_ms if timeout_ms is None else timeout_ms) / 1e3
+        first = now = self.status()  # its wal_last_lsn covers what was sent before (in order)
+        if not first["wal_enabled"]:
+            raise BitrollError("failed_precondition",
+                               "wait_committed: the service runs without a WAL (--data-dir)")
+        while True:
+            if now["wal_error"] is not None:
+                raise now["wal_error"]
+            if now["wal_committed_lsn"] >= first["wal_last_lsn"]:
+                return
+            if time.monotonic() >= deadline:
+                raise BitrollError("timeout", f"wait_committed: the WAL committed up to "
+                                   f"{now['wal_committed_lsn']} of {first['wal_last_lsn']}")
+            time.sleep(0.002)
+            now = self.status()
 
     # ---- receiving ----
 

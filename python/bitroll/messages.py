@@ -282,6 +282,9 @@ def status_reply(s):
             "cache_hit_rate": s.CacheHitRate(), "trajectories_done": s.TrajectoriesDone(),
             "weight_version": s.WeightVersion(), "draining": s.Draining(),
             "waiting_for_weights": s.WaitingForWeights(),
+            "wal_enabled": s.WalEnabled(), "wal_last_lsn": s.WalLastLsn(),
+            "wal_committed_lsn": s.WalCommittedLsn(), "wal_durable_lsn": s.WalDurableLsn(),
+            "wal_error": None if s.WalError() is None else error(s.WalError()),
             "fingerprint": None if s.Fingerprint() is None else {
                 "weights_hash": s.Fingerprint().WeightsHash(),
                 "kernel_version": s.Fingerprint().KernelVersion(),

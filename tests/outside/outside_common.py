@@ -217,7 +217,10 @@ def parse(data, light=False):
                                         "groups": s.Groups(), "weight_version": s.WeightVersion(),
                                         "draining": s.Draining(),
                                         "trajectories_done": s.TrajectoriesDone(),
-                                        "waiting_for_weights": s.WaitingForWeights()})
+                                        "waiting_for_weights": s.WaitingForWeights(),
+                                        "wal_enabled": s.WalEnabled(),
+                                        "wal_last_lsn": s.WalLastLsn(),
+                                        "wal_committed_lsn": s.WalCommittedLsn()})
     if t == M.TokenChunk:
         c = messages.table(env, proto.TokenChunk)
         return Event("chunk", c.GroupId(), rid, None)

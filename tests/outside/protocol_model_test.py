@@ -11,9 +11,10 @@ same port and data dir (every client then re-attaches its unfinished groups).
 
 A reference model says what each connection must receive (docs/protocol.md, issue 12):
   * an attachment (one SubmitRollouts of (owner, group) on one connection) that ends in GroupDone
-    got every trajectory of the group exactly once, except those acknowledged (durably: an ack
-    older than SETTLE s at a kill, or any ack while the service lived; a fresher ack at a kill
-    may or may not be lost, so that trajectory may come once);
+    got every trajectory of the group exactly once, except those acknowledged (durably: at a
+    kill, an ack that a StatusReply showed handled at an LSN the WAL had committed before the kill
+    (StatusReply.wal_committed_lsn), or older than SETTLE s; any ack while the service lived; a
+    fresher ack at a kill may or may not be lost, so that trajectory may come once);
   * never a duplicate inside one attachment, never an acknowledged trajectory again, never a
     trajectory or GroupDone of a group this connection did not attach (client_tag =
     "client_id/group" tells owners apart), never anything after GroupDone;
@@ -49,7 +50,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import outside_common as oc  # noqa: E402
 
-SETTLE = 0.3         # s: an ack processed this long before a kill is durable (WAL commit cadence)
+SETTLE = 5.0         # s: an ack processed this long before a kill is durable, committed or not
+                     # (the WAL commits every 10 ms: one this late means it is never committed)
 WAIT_S = 30.0        # every wait for the service is bounded by this
 VOCAB = 512          # stories260K
 
@@ -62,7 +64,7 @@ class GroupState:
     def __init__(self, owner, gid, spec):
         self.owner, self.gid, self.spec = owner, gid, spec
         self.all = {(p, s) for p in range(len(spec["prompts"])) for s in range(spec["n"])}
-        self.ack = {}             # pair -> ("def",) | ("applied", t) | ("maybe",)
+        self.ack = {}             # pair -> ("def",) | ("applied", t, lsn) | ("maybe",)
         self.state = "live"       # live | done | aborting | retired
         self.received_ever = set()
         self.attaches = 0
@@ -283,7 +285,7 @@ class Model:
                                  f"trajectories never came: {missing[:6]} (attached at step "
                                  f"{at.step}, expected {len(at.expect)})")
             for p in at.maybe - set(at.got):
-                g.ack[p] = ("applied", time.time())   # the service holds it acknowledged
+                g.ack[p] = ("applied", time.time(), None)  # the service holds it acknowledged
             g.state = "done"
         elif ev.kind == "error":
             code, msg = ev.data
@@ -324,7 +326,7 @@ class Model:
                         else:
                             g.hist.append(f"[{self.step}] early ack {p} -> ignored")
                     elif p in g.received_ever and not g.acked_now(p):
-                        g.ack[p] = ("applied", now)
+                        g.ack[p] = ("applied", now, ev.data["wal_last_lsn"])
                         g.hist.append(f"[{self.step}] ack {p} -> applied (status reply)")
             s.pending_acks = keep
             s.pending_status.pop(ev.rid, None)
@@ -502,11 +504,21 @@ class Model:
         self.update_rid = None
         self.count("update_drain" if drain else "update_nodrain")
 
+    def wal_committed(self):
+        """The WAL's committed LSN now (None: no reply), asked on a connection of its own."""
+        w = oc.Wire(self.server.endpoint, "probe", self.ctx)
+        try:
+            data = oc.wait_status(w, 5.0)
+            return None if data is None else data["wal_committed_lsn"]
+        finally:
+            w.close()
+
     def op_pump(self):
         self.pump_all(0)
         self.count("pump")
 
     def op_kill(self):
+        committed = self.wal_committed()
         t_kill = time.time()
         self.sample_rss()
         self.server.kill9()
@@ -521,7 +533,8 @@ class Model:
         for g in self.groups.values():
             for p, a in list(g.ack.items()):
                 if a[0] == "applied":
-                    g.ack[p] = ("def",) if t_kill - a[1] >= SETTLE else ("maybe",)
+                    durable = (a[2] is not None and committed is not None and a[2] <= committed)
+                    g.ack[p] = ("def",) if durable or t_kill - a[1] >= SETTLE else ("maybe",)
         for s in self.slots:
             self.disconnect(s, "service killed")
         self.version = None

@@ -3,7 +3,8 @@
 Each scenario is a short deterministic script over the wire protocol (the same rules as
 protocol_model_test.py, which finds such cases at random); one line of verdict each:
 
-  ack_durable_after_kill     acks settled 0.5 s before kill -9 are not delivered again on re-attach
+  ack_durable_after_kill     acks committed (StatusReply.wal_committed_lsn past them) before kill -9
+                             are not delivered again on re-attach
   ack_durable_two_kills      the same across two kill -9 / restarts
   ack_after_reattach_durable an Ack of a trajectory re-delivered after a restart is durable too
   other_owner_abort_recovered another owner's Abort/Ack of a recovered (not re-attached) group
@@ -115,9 +116,14 @@ class Env:
         return w
 
     def settle(self, w):
-        """Waits until the service has handled what `w` sent, and then past a WAL commit."""
-        self.sync(w)
-        time.sleep(0.5)
+        """Waits until what `w` sent is in a committed WAL transaction: a StatusReply on w comes
+        after the service handled it, and its wal_last_lsn covers it (StatusReply's contract)."""
+        want = self.sync(w)["wal_last_lsn"]
+        t0 = time.time()
+        while self.sync(w)["wal_committed_lsn"] < want:
+            if time.time() - t0 > WAIT:
+                raise Check(f"the WAL did not commit up to {want} within {WAIT:.0f} s")
+            time.sleep(0.002)
 
     def expect_exactly(self, what, trajs, done, want, spec=SPEC):
         got = [(t.prompt_index, t.sample_index) for t in trajs]

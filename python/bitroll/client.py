@@ -24,8 +24,8 @@ GroupDone. Another client_id can neither see, acknowledge nor abort the group.
 """
 
 import itertools
-import time
 import secrets
+import time
 from collections import deque
 
 import flatbuffers

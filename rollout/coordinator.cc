@@ -133,19 +133,24 @@ void Coordinator::State::OnSubmit(const std::string& client, const std::string& 
   Status s = ValidateSubmit(*m, options.submit);
   if (!s.ok()) return SendError(client, e->request_id(), s, gid);
   std::string parked_key;
-  if (Group* g = FindGroup(owner, gid, &parked_key)) {
-    if (wal() && g->client != client && !g->client.empty() &&
-        ConnectionSeen(client) < g->client_seen) {
-      // ZeroMQ orders messages per connection only: this Submit of an older connection (one
-      // that may be closed, its Submit still in flight) arrived after a newer connection of the
-      // owner re-attached the group. Moving the group back would leave the newer connection
-      // waiting for results that go to the old one; the group stays where it is.
-      return SendError(
-          client, e->request_id(),
-          Status::FailedPrecondition("group " + std::to_string(gid) +
-                                     " is attached to a newer connection of this owner"),
-          gid);
-    }
+  Group* g = FindGroup(owner, gid, &parked_key);
+  const Parked* parked =
+      g == nullptr && !parked_key.empty() ? table.FindParked(parked_key) : nullptr;
+  // The connection the group was last attached to, live or parked (0: none, or this one).
+  const uint64_t holder_seen = g != nullptr
+                                   ? (g->client.empty() || g->client == client ? 0 : g->client_seen)
+                                   : (parked != nullptr ? parked->client_seen : 0);
+  if (wal() && holder_seen != 0 && ConnectionSeen(client) < holder_seen) {
+    // ZeroMQ orders messages per connection only: this Submit of an older connection (one that
+    // may be closed, its Submit still in flight) arrived after a newer connection of the owner
+    // attached the group (which may have finished since). Moving the group back would send its
+    // results to the old one; the group stays where it is.
+    return SendError(client, e->request_id(),
+                     Status::FailedPrecondition("group " + std::to_string(gid) +
+                                                " is attached to a newer connection of this owner"),
+                     gid);
+  }
+  if (g != nullptr) {
     if (wal() && g->client != client) return Reattach(g, client);
     return SendError(client, e->request_id(),
                      Status::InvalidArgument("group " + std::to_string(gid) + " is still live"),
@@ -179,7 +184,7 @@ void Coordinator::State::OnSubmit(const std::string& client, const std::string& 
   bool pending = false;
   Status ls = journal->OnGroupAdmitted(bytes, &serial, &pending);
   if (!ls.ok()) return SendError(client, e->request_id(), ls, gid);
-  Group* g = NewGroup(client, owner, key, bytes, serial);
+  g = NewGroup(client, owner, key, bytes, serial);
   g->group_pending = pending;
   for (uint32_t i = 0; i < m->prompts()->size(); ++i) {
     for (uint32_t j = 0; j < m->n(); ++j) AddWork(g, i, j);

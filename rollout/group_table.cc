@@ -71,6 +71,7 @@ void GroupTable::Park(Group* g, Clock::time_point now) {
     ParkedGroup& p = parked_[key];
     p.serial = g->serial;
     p.group_id = g->group_id;
+    p.client_seen = g->client.empty() ? 0 : g->client_seen;
     p.n = g->submit->n();
     p.total = g->total;
     p.delivered = g->delivered;

@@ -110,6 +110,7 @@ struct WorkEntry {
 // re-attaches to it; once every trajectory is acknowledged it is forgotten (the id is free).
 struct ParkedGroup {
   uint64_t serial = 0, group_id = 0;
+  uint64_t client_seen = 0;  // its last connection's ConnectionSeen (0: it had none, detached)
   uint32_t n = 0, total = 0, delivered = 0, errors = 0, aborted = 0, acked = 0;
   Cost cost;
   Clock::time_point since;

@@ -24,6 +24,8 @@ protocol_model_test.py, which finds such cases at random); one line of verdict e
                              re-send the SubmitRollouts: every trajectory exactly once, GroupDone
   stale_submit_after_reattach  an older connection's Submit handled after the re-attach of
                              the owner's newer connection leaves the group with the newer one
+  stale_submit_after_finish  the same once the group finished on the newer connection:
+                             FailedPrecondition, nothing to the older one
   reattach_after_kill        kill -9 mid-group, restart, re-attach: every trajectory exactly once
   ack_on_resumed_then_kill   Acks of trajectories finished after a restart (resumed from the WAL)
                              survive the next kill -9
@@ -321,6 +323,26 @@ def s_stale_submit_after_reattach(e):
     late = [ev for ev in old.recv_all(200) if ev.kind in ("trajectory", "group_done")]
     if late:
         raise Check(f"the older connection took the group back: {len(late)} messages")
+
+
+def s_stale_submit_after_finish(e):
+    """The same late Submit of an older connection, once the group has finished on the newer
+    one (it is parked): refused with FailedPrecondition, the older connection gets nothing."""
+    old = e.wire("A")
+    e.sync(old)                    # the older connection is known to the service
+    new = e.wire("A")
+    new.submit(7, SPEC)
+    e.expect_exactly("the newer connection's run", *e.collect(new, 7)[:2], ALL)
+    old.submit(7, SPEC)            # arrives late, after the group finished
+    e.sync(old)
+    late = old.recv_all(200)
+    got = [ev for ev in late if ev.kind in ("trajectory", "group_done")]
+    if got:
+        raise Check(f"the older connection took the finished group back: {len(got)} messages")
+    errs = [ev.data for ev in late if ev.kind == "error"]
+    if not errs or errs[0][0] != "FailedPrecondition":
+        raise Check(f"late Submit of an older connection: want Error FailedPrecondition, "
+                    f"got {errs}")
 
 
 def s_reattach_after_kill(e):

@@ -236,6 +236,7 @@ class Wire:
         self.c = bitroll.Client(endpoint, timeout_ms=1000, context=ctx, client_id=client_id)
         self.sock = self.c._sock
         self.client_id = client_id
+        self.held = []  # events wait_status read past while it looked for its reply
 
     def close(self):
         self.c.close()
@@ -259,7 +260,7 @@ class Wire:
         return self.c._send(M.UpdateWeights, u)
 
     def recv_all(self, timeout_ms=0, max_msgs=100000):
-        out = []
+        out, self.held = self.held[:max_msgs], self.held[max_msgs:]
         while len(out) < max_msgs and self.sock.poll(timeout_ms if not out else 0):
             out.append(parse(self.sock.recv(), self.light))
         return out
@@ -269,14 +270,22 @@ class Wire:
 
 def wait_status(wire, timeout=10.0, poll_ms=20):
     """Sends Status on `wire` and returns its StatusReply's data, or None after `timeout` s.
-    Replies come in order, so everything the service answered before it has arrived too."""
+    Replies come in order, so everything the service answered before it has arrived too; those
+    other events stay for the wire's next recv_all."""
     rid = wire.send_status()
     t0 = time.time()
-    while time.time() - t0 < timeout:
-        for ev in wire.recv_all(poll_ms):
-            if ev.kind == "status" and ev.rid == rid:
-                return ev.data
-    return None
+    kept, wire.held = wire.held, []  # recv_all below then reads the socket only
+    try:
+        while time.time() - t0 < timeout:
+            evs = wire.recv_all(poll_ms)
+            for i, ev in enumerate(evs):
+                if ev.kind == "status" and ev.rid == rid:
+                    kept += evs[:i] + evs[i + 1:]
+                    return ev.data
+            kept += evs
+        return None
+    finally:
+        wire.held = kept + wire.held
 
 
 def standard_parser(doc):

@@ -46,43 +46,12 @@ inline __m512 MaskLoad16(__mmask16 m, const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// Scores, max, exponentials and their sum for G jobs; the G score chains run interleaved.
-// pj[g][j] receives p_j of job g (0 beyond its causal edge). The jobs come in runs of R that read
-// the same chunk (R = G: prefill rows of one sequence; R = heads per kv head: the query heads of
-// one decode row; R = 1: nothing shared), and each K row is loaded once per run. pf_k / pf_v (or
-// nullptr): per run, the K and V of a later chunk to prefetch; V here only when R = 1 (a run's
-// values prefetch it otherwise).
-template <int G, int R, typename T>
-void ScoresG(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* jobs,
-             const T* const* pf_k, const T* const* pf_v, float (*pj)[kAttentionChunk],
-             AttentionPartial* out) {
-  const int32_t hd = p.head_dim;
-  const int64_t bs = p.block_size;
-  const float* q[G];
-  const T* k[G];
-  __m512 acc[G];
-#pragma GCC unroll 8
-  for (int g = 0; g < G; ++g) {
-    q[g] = jobs[g].q;
-    k[g] = cv[g].k;
-    acc[g] = _mm512_setzero_ps();
-  }
-  static_assert(G % R == 0, "runs of R jobs");
-  for (int32_t d = 0; d < hd; ++d) {
-#pragma GCC unroll 8
-    for (int r = 0; r < G; r += R) {
-      if (pf_k != nullptr && pf_k[r / R] != nullptr) {
-        _mm_prefetch(reinterpret_cast<const char*>(pf_k[r / R] + d * bs), _MM_HINT_T0);
-        // A chunk's V is kAttentionChunk x hd contiguous values: hd steps of kAttentionChunk.
-        if constexpr (R == 1) {
-          _mm_prefetch(reinterpret_cast<const char*>(pf_v[r] + d * kAttentionChunk), _MM_HINT_T0);
-        }
-      }
-      const __m512 kd = Load16(k[r] + d * bs);
-#pragma GCC unroll 8
-      for (int g = r; g < r + R; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), kd, acc[g]);
-    }
-  }
+// The scores' tail for G jobs whose score chains are done (acc[g]: job g's 16 dot products):
+// scale, mask beyond the causal edge, max, exponentials and their sum. pj[g][j] receives p_j of
+// job g (0 beyond its causal edge).
+template <int G, typename T>
+inline void SoftmaxG(const AttentionParams& p, const ChunkView<T>* cv, const __m512* acc,
+                     float (*pj)[kAttentionChunk], AttentionPartial* out) {
   const __m512 scale = _mm512_set1_ps(p.scale);
   const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
 #pragma GCC unroll 8
@@ -96,6 +65,116 @@ void ScoresG(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* j
     out[g].m = m;
     out[g].l = ReduceSum16(e);
   }
+}
+
+// Scores, max, exponentials and their sum for G jobs in runs of R > 1 that read the same chunk
+// (R = G: prefill rows of one sequence; R = heads per kv head: the query heads of one decode row);
+// the G score chains run interleaved and each K row is loaded once per run. pf_k (or nullptr):
+// per run, the K of a later chunk to prefetch (its V is prefetched during the run's values).
+template <int G, int R, typename T>
+void ScoresRuns(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* jobs,
+                const T* const* pf_k, float (*pj)[kAttentionChunk], AttentionPartial* out) {
+  static_assert(R > 1 && G % R == 0, "runs of R > 1 jobs");
+  const int32_t hd = p.head_dim;
+  const int64_t bs = p.block_size;
+  const float* q[G];
+  const T* k[G];
+  __m512 acc[G];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    q[g] = jobs[g].q;
+    k[g] = cv[g].k;
+    acc[g] = _mm512_setzero_ps();
+  }
+  for (int32_t d = 0; d < hd; ++d) {
+#pragma GCC unroll 8
+    for (int r = 0; r < G; r += R) {
+      if (pf_k != nullptr && pf_k[r / R] != nullptr) {
+        _mm_prefetch(reinterpret_cast<const char*>(pf_k[r / R] + d * bs), _MM_HINT_T0);
+      }
+      const __m512 kd = Load16(k[r] + d * bs);
+#pragma GCC unroll 8
+      for (int g = r; g < r + R; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), kd, acc[g]);
+    }
+  }
+  SoftmaxG<G>(p, cv, acc, pj, out);
+}
+
+// The same for G jobs that share nothing (R = 1: any queries, any chunks), with few live
+// pointers: the G queries are copied side by side, so each score's q[d] is one broadcast at a
+// fixed offset from one base, and the loop keeps only the G K pointers in registers (with a
+// pointer per query, per K chunk and per prefetch target, the loop spilled them and ran ~90
+// instructions for its 8 fmas). pf_k / pf_v (or nullptr): per job, the K and V of a later chunk
+// to prefetch (a job without one names its own). They are prefetched in address order, one
+// target after the other, a few rows per d, so the lines stream in as pages instead of as G
+// interleaved rows (docs/benchmarks.md, "Issue 19, round 15").
+template <int G, typename T>
+void ScoresLone(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* jobs,
+                const T* const* pf_k, const T* const* pf_v, float (*pj)[kAttentionChunk],
+                AttentionPartial* out) {
+  const int32_t hd = p.head_dim;
+  const int64_t bs = p.block_size;
+  constexpr int kQs = 256;  // the widest head
+  alignas(64) float qs[G * kQs];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) std::copy(jobs[g].q, jobs[g].q + hd, qs + g * kQs);
+  const T* k[G];
+  const T* pk[G];
+  const T* pv[G];
+  __m512 acc[G];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    k[g] = cv[g].k;
+    acc[g] = _mm512_setzero_ps();
+    if (pf_k != nullptr) {
+      pk[g] = pf_k[g] != nullptr ? pf_k[g] : cv[g].k;
+      pv[g] = pf_v[g] != nullptr ? pf_v[g] : cv[g].v;
+    }
+  }
+  // Step d of every job's chain.
+  auto fmas = [&](int32_t d) __attribute__((always_inline)) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qs[g * kQs + d]), Load16(k[g] + d * bs), acc[g]);
+    }
+  };
+  if (pf_k == nullptr) {
+    for (int32_t d = 0; d < hd; ++d) fmas(d);
+  } else if (hd % G == 0) {
+    // Target t's rows during steps t * hd / G ..: G rows of its K and G of its V per step (a V
+    // "row" is kAttentionChunk values; hd of them make the chunk). bf16 rows of 16 are half a
+    // line: V's rows, and K's when a block is one chunk (its rows then follow each other), come
+    // two to a line, so every other one is prefetched.
+    constexpr int kRowsPerLine = sizeof(T) == 2 && G % 2 == 0 ? 2 : 1;
+    const int k_step = bs == kAttentionChunk ? kRowsPerLine : 1;
+    const int32_t steps = hd / G;
+    int32_t d = 0;
+    for (int t = 0; t < G; ++t) {
+      const T* kr = pk[t];
+      const T* vr = pv[t];
+      for (int32_t e = 0; e < steps; ++e, ++d, kr += G * bs, vr += G * kAttentionChunk) {
+#pragma GCC unroll 8
+        for (int i = 0; i < G; i += k_step) {
+          _mm_prefetch(reinterpret_cast<const char*>(kr + i * bs), _MM_HINT_T0);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < G; i += kRowsPerLine) {
+          _mm_prefetch(reinterpret_cast<const char*>(vr + i * kAttentionChunk), _MM_HINT_T0);
+        }
+        fmas(d);
+      }
+    }
+  } else {  // row d of every target during step d
+    for (int32_t d = 0; d < hd; ++d) {
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        _mm_prefetch(reinterpret_cast<const char*>(pk[g] + d * bs), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pv[g] + d * kAttentionChunk), _MM_HINT_T0);
+      }
+      fmas(d);
+    }
+  }
+  SoftmaxG<G>(p, cv, acc, pj, out);
 }
 
 // o[d0, d0 + 16 * NB) of H jobs: H * NB independent chains over the keys j in order. A job's
@@ -233,12 +312,13 @@ void PartialsRuns(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJ
       prefetch = true;
     }
   }
-  ScoresG<G, R, T>(p, cv, jobs, prefetch ? pf_k : nullptr, pf_v, pj, out);
   if constexpr (R == 1) {  // nothing shared: two jobs' value chains interleaved
+    ScoresLone<G, T>(p, cv, jobs, prefetch ? pf_k : nullptr, pf_v, pj, out);
     int g = 0;
     for (; g + 2 <= G; g += 2) Values<2, false, T>(p.head_dim, cv + g, pj + g, out + g);
     if (g < G) Values<1, false, T>(p.head_dim, cv + g, pj + g, out + g);
   } else {
+    ScoresRuns<G, R, T>(p, cv, jobs, prefetch ? pf_k : nullptr, pj, out);
 #pragma GCC unroll 8
     for (int r = 0; r < G; r += R) {
       ValuesRun<R, T>(p.head_dim, cv + r, pj + r, out + r, pf_v[r / R]);

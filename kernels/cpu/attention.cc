@@ -158,11 +158,12 @@ constexpr int32_t kMinTileQueries = 4;
 static_assert(kMinTileQueries <= kGroupQueries, "a group too short for a tile fits RunSingle");
 static_assert(kGroupQueries <= internal::kTileRows, "a sibling group without the tile fits");
 // A lone decode row's heads (one query head per kv head) run up to this many per task when the
-// call has enough rows for every worker to take several tasks; else up to kGroupQueries, so that
-// a few rows still spread over every worker. A block's heads are adjacent in the pool, so a task
-// with all of a row's heads reads each of its blocks' K and V as one run: with 12 heads of 64,
-// 48 KB each instead of two tasks reading 24 KB halves at different times. Batch-32 decode,
-// 12 heads: up to 1.07x the step with 6-head tasks (docs/benchmarks.md, "Issue 19, round 13").
+// call has enough rows for every worker to take several tasks, or has one worker; else up to
+// kGroupQueries, so that a few rows still spread over every worker. A block's heads are adjacent
+// in the pool, so a task with all of a row's heads reads each of its blocks' K and V as one run:
+// with 12 heads of 64, 48 KB each instead of two tasks reading 24 KB halves at different times.
+// Batch-32 decode, 12 heads: up to 1.07x the step with 6-head tasks (docs/benchmarks.md, "Issue
+// 19, round 13").
 constexpr int32_t kMaxHeadGroup = 16;
 constexpr int32_t kMinTasksPerWorker = 4;
 // The most items one RunSingle call takes.
@@ -304,6 +305,22 @@ inline ChunkJob AheadJobOf(const AttentionParams& p, Item it, int32_t rel, int32
   return job;
 }
 
+// Whether the items are consecutive heads of one row, each with its own kv head (a row unit: a
+// lone decode row's heads, whose K/V each block holds side by side).
+inline bool IsRowUnit(const AttentionParams& p, const Item* items, int32_t n) {
+  if (n < 2 || p.n_heads != p.n_kv_heads) return false;
+  for (int32_t i = 1; i < n; ++i) {
+    if (items[i].row != items[0].row || items[i].head != items[0].head + i) return false;
+  }
+  return true;
+}
+
+// A row unit of `heads` heads walks its chunks chunk-major, kMaxChunkJobs jobs per batch; each
+// job prefetches its head's chunk this many chunks later, over a batch ahead.
+inline int32_t RowUnitAhead(int32_t heads) {
+  return (kMaxChunkJobs + heads - 1) / heads + 1;
+}
+
 // The single-worker kernel for the items (consecutive tokens of one head and one sequence, or
 // consecutive heads of one token, e.g. a kv unit; n_queries <= kMaxRunItems): each item walks all
 // its chunks and merges them left to right as they are produced. The items only share the task:
@@ -344,9 +361,13 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
   // A query alone walks kMaxChunkJobs consecutive chunks per batch. Its K/V pieces are a chunk
   // each, spread over blocks far apart, too short for the hardware prefetchers to run ahead (half
   // a page each with bf16 K/V), so the next batch is prefetched as for kv units: bf16 decode at
-  // 16K keys 1.2x (docs/benchmarks.md, "Issue 19, round 9").
-  const bool ahead = kv_unit || n_queries == 1;
-  const int32_t batch_chunks = kv_unit ? KvUnitBatchChunks(n_queries) : kMaxChunkJobs;
+  // 16K keys 1.2x (docs/benchmarks.md, "Issue 19, round 9"). A row unit prefetches too:
+  // batch-32 decode attention 1.1x, batch 1 on one worker 1.15x ("Issue 19, round 15").
+  const bool row_unit = !kv_unit && IsRowUnit(p, items, n_queries);
+  const bool ahead = kv_unit || n_queries == 1 || row_unit;
+  const int32_t batch_chunks = kv_unit    ? KvUnitBatchChunks(n_queries)
+                               : row_unit ? RowUnitAhead(n_queries)
+                                          : kMaxChunkJobs;
   const int32_t batch_jobs = kv_unit ? batch_chunks * n_queries : kMaxChunkJobs;
   int32_t n_jobs = 0;
   // Each job's partial merges into its own item's state, in job order (chunk order per item).
@@ -536,12 +557,13 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   // lone rows as workers: runs of up to head_group consecutive heads (the heads cut evenly), none
   // of them split, whose chunks are computed together (a block's heads are adjacent in the pool);
   // head_group is at most kMaxHeadGroup when that still gives every worker kMinTasksPerWorker
-  // tasks, else at most kGroupQueries.
+  // tasks (always with one worker), else at most kGroupQueries.
   int32_t n_lone = 0;
   for (int32_t t = 0; t < p.n_tokens; ++t) n_lone += lone(t) ? 1 : 0;
   const bool head_groups = kv_units || n_lone >= workers;
   const int32_t wide_groups = (p.n_heads + kMaxHeadGroup - 1) / kMaxHeadGroup;
-  const bool wide = int64_t{n_lone} * wide_groups >= int64_t{kMinTasksPerWorker} * workers;
+  const bool wide =
+      workers == 1 || int64_t{n_lone} * wide_groups >= int64_t{kMinTasksPerWorker} * workers;
   const int32_t n_head_groups =
       wide ? wide_groups : (p.n_heads + kGroupQueries - 1) / kGroupQueries;
   const int32_t head_group = (p.n_heads + n_head_groups - 1) / n_head_groups;

@@ -324,9 +324,12 @@ TEST(CrashTest, NullEngineWindowDurabilityIsBitIdentical) {
 namespace bitroll::rollout {
 namespace {
 
-// Replica failover: one of two `bitroll replica` processes is killed mid-batch; its trajectories
-// move to the other one, which resumes them from the WAL (forced = logged tokens). The NullEngine
-// replica is killed after 400 ms; the real one after 1,500 tokens of streamed progress.
+// Replica failover: a `bitroll replica` process is killed mid-batch; its trajectories move to
+// another one, which resumes them from the WAL (forced = logged tokens). The NullEngine replica is
+// killed after 400 ms; the real one after 300 tokens of streamed progress. Replica 0 takes the
+// whole group alone and replica 1 starts at the kill: with both live from the start, a loaded
+// machine let the client read so far behind the replicas that replica 0 had finished its share
+// before the kill (nothing to resume), or had not logged a token of it yet (nothing to force).
 void ReplicaFailover(EngineKind kind) {
   const SubmitRequest req = Batch(99);
   const auto want = Reference(req, kind);
@@ -339,18 +342,17 @@ void ReplicaFailover(EngineKind kind) {
                             ep, "--replica-bind", rep_ep, "--replicas", "0", "--replica-timeout-ms",
                             "1000", "--log-level", "warn"});
   ASSERT_GT(serve, 0);
-  std::vector<pid_t> reps;
-  for (int i = 0; i < 2; ++i) {
+  auto spawn_replica = [&](int i) {
     std::vector<std::string> args = {BITROLL_EXE,   "replica", "--connect",
                                      rep_ep,        "--name",  "r" + std::to_string(i),
                                      "--log-level", "warn"};
     for (auto& a : kind.ServeArgs()) args.push_back(a);
-    reps.push_back(SpawnQuiet(args));
-  }
-  // Both replicas joined before the group goes in (a fixed sleep is too short on a loaded
-  // machine: the kill would then find no work on replica 0).
+    return SpawnQuiet(args);
+  };
+  std::vector<pid_t> reps = {spawn_replica(0)};
+  // Replica 0 joined before the group goes in (a fixed sleep is too short on a loaded machine).
   for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-       QueryWal(ep, 500).live_replicas < 2 && std::chrono::steady_clock::now() < until;) {
+       QueryWal(ep, 500).live_replicas < 1 && std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ClientOptions co;
@@ -364,14 +366,15 @@ void ReplicaFailover(EngineKind kind) {
   int64_t progress = 0;
   const auto start = std::chrono::steady_clock::now();
   while (!done && std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
-    // Early enough that replica 0 still has work on a quiet machine (64 trajectories of up to
-    // 200 tokens take about a second there), late enough that some of it is logged.
+    // Late enough that some of replica 0's work is logged, early enough that most of it is not
+    // done (64 trajectories of up to 200 tokens, all of them on replica 0).
     const bool due =
         kind.real ? progress >= 300
                   : std::chrono::steady_clock::now() - start > std::chrono::milliseconds(400);
     if (!killed && due) {
       kill(reps[0], SIGKILL);
       killed = true;
+      reps.push_back(spawn_replica(1));
     }
     auto ev = (*c)->Next(5);
     if (!ev.ok()) continue;
@@ -386,8 +389,9 @@ void ReplicaFailover(EngineKind kind) {
   }
   const WalStatus ws = QueryWal(ep);
   // Every child ends, whether the kill happened or not (a test that fails must not hang).
-  for (pid_t p : {serve, reps[0], reps[1]}) kill(p, SIGTERM);
-  for (pid_t p : {serve, reps[0], reps[1]}) waitpid(p, nullptr, 0);
+  reps.push_back(serve);
+  for (pid_t p : reps) kill(p, SIGTERM);
+  for (pid_t p : reps) waitpid(p, nullptr, 0);
   std::filesystem::remove_all(dir);
   EXPECT_TRUE(done);
   EXPECT_TRUE(killed);

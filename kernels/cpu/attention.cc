@@ -295,13 +295,13 @@ inline int32_t KvUnitBatchChunks(int32_t heads) {
   return std::max(1, kMaxChunkJobs / heads);
 }
 
-// JobOf for an item with n_chunks chunks that walks them batch_chunks at a time (a kv unit, or a
-// query walking its chunks alone): it names the chunk one batch ahead, whose K/V the kernel
-// prefetches meanwhile.
+// JobOf for an item with n_chunks chunks that prefetches ahead: it names the chunk `ahead`
+// chunks later (one batch for a kv unit or a query walking its chunks alone, RowUnitAhead for a
+// row unit), whose K/V the kernel prefetches meanwhile.
 inline ChunkJob AheadJobOf(const AttentionParams& p, Item it, int32_t rel, int32_t n_chunks,
-                           int32_t batch_chunks) {
+                           int32_t ahead) {
   ChunkJob job = JobOf(p, it, rel);
-  if (rel + batch_chunks < n_chunks) job.prefetch_chunk = job.chunk + batch_chunks;
+  if (rel + ahead < n_chunks) job.prefetch_chunk = job.chunk + ahead;
   return job;
 }
 
@@ -365,10 +365,10 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
   // batch-32 decode attention 1.1x, batch 1 on one worker 1.15x ("Issue 19, round 15").
   const bool row_unit = !kv_unit && IsRowUnit(p, items, n_queries);
   const bool ahead = kv_unit || n_queries == 1 || row_unit;
-  const int32_t batch_chunks = kv_unit    ? KvUnitBatchChunks(n_queries)
+  const int32_t ahead_chunks = kv_unit    ? KvUnitBatchChunks(n_queries)
                                : row_unit ? RowUnitAhead(n_queries)
                                           : kMaxChunkJobs;
-  const int32_t batch_jobs = kv_unit ? batch_chunks * n_queries : kMaxChunkJobs;
+  const int32_t batch_jobs = kv_unit ? ahead_chunks * n_queries : kMaxChunkJobs;
   int32_t n_jobs = 0;
   // Each job's partial merges into its own item's state, in job order (chunk order per item).
   // Runs of jobs with distinct items (one chunk of several prefill rows, or of a decode row's
@@ -400,7 +400,7 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
     for (int32_t i = 0; i < n_queries; ++i) {
       if (c >= n_chunks[i]) continue;
       jobs[n_jobs] =
-          ahead ? AheadJobOf(p, items[i], c, n_chunks[i], batch_chunks) : JobOf(p, items[i], c);
+          ahead ? AheadJobOf(p, items[i], c, n_chunks[i], ahead_chunks) : JobOf(p, items[i], c);
       owner[n_jobs] = i;
       rel[n_jobs] = c;
       if (++n_jobs == batch_jobs) flush();

@@ -2,7 +2,7 @@
 // measured in the benchmark's own process: the FMA peak (register-only fma chains) and the read
 // bandwidth (a sum over a buffer). bench_kernels prints them; bench_engine --attention-suite
 // measures them before its first case and after each case's rep, and reports each rep against
-// the two around it.
+// the two around it (and a decoding case's steps against one-pass probes between its steps).
 //
 // Thread-safety: FmaPeak and ReadBandwidth start and join their own threads; do not run two at
 // once (they share BenchClock's settings and would compete for the cores they measure).

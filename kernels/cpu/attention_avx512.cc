@@ -104,10 +104,12 @@ void ScoresRuns(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob
 // pointers: the G queries are copied side by side, so each score's q[d] is one broadcast at a
 // fixed offset from one base, and the loop keeps only the G K pointers in registers (with a
 // pointer per query, per K chunk and per prefetch target, the loop spilled them and ran ~90
-// instructions for its 8 fmas). pf_k / pf_v (or nullptr): per job, the K and V of a later chunk
-// to prefetch (a job without one names its own). They are prefetched in address order, one
-// target after the other, a few rows per d, so the lines stream in as pages instead of as G
-// interleaved rows (docs/benchmarks.md, "Issue 19, round 15").
+// instructions for its 8 fmas). Jobs of one query (a query walking its chunks alone) share one
+// broadcast of q[d] per step instead, and copy nothing: the same operand, so the same bits, and
+// one load per step instead of G beside the G K rows. pf_k / pf_v (or nullptr): per job, the K
+// and V of a later chunk to prefetch (a job without one names its own). They are prefetched in
+// address order, one target after the other, a few rows per d, so the lines stream in as pages
+// instead of as G interleaved rows (docs/benchmarks.md, "Issue 19, round 15").
 template <int G, typename T>
 void ScoresLone(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob* jobs,
                 const T* const* pf_k, const T* const* pf_v, float (*pj)[kAttentionChunk],
@@ -116,8 +118,10 @@ void ScoresLone(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob
   const int64_t bs = p.block_size;
   constexpr int kQs = 256;  // the widest head
   alignas(64) float qs[G * kQs];
+  bool one_query = true;
 #pragma GCC unroll 8
-  for (int g = 0; g < G; ++g) std::copy(jobs[g].q, jobs[g].q + hd, qs + g * kQs);
+  for (int g = 1; g < G; ++g) one_query = one_query && jobs[g].q == jobs[0].q;
+  const float* q0 = jobs[0].q;
   const T* k[G];
   const T* pk[G];
   const T* pv[G];
@@ -131,48 +135,68 @@ void ScoresLone(const AttentionParams& p, const ChunkView<T>* cv, const ChunkJob
       pv[g] = pf_v[g] != nullptr ? pf_v[g] : cv[g].v;
     }
   }
-  // Step d of every job's chain.
-  auto fmas = [&](int32_t d) __attribute__((always_inline)) {
+  // The whole loop, with the G jobs' queries side by side (kOneQuery: one query for all).
+  auto walk = [&]<bool kOneQuery>() __attribute__((always_inline)) {
+    if constexpr (!kOneQuery) {
 #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-      acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qs[g * kQs + d]), Load16(k[g] + d * bs), acc[g]);
+      for (int g = 0; g < G; ++g) std::copy(jobs[g].q, jobs[g].q + hd, qs + g * kQs);
     }
-  };
-  if (pf_k == nullptr) {
-    for (int32_t d = 0; d < hd; ++d) fmas(d);
-  } else if (hd % G == 0) {
-    // Target t's rows during steps t * hd / G ..: G rows of its K and G of its V per step (a V
-    // "row" is kAttentionChunk values; hd of them make the chunk). bf16 rows of 16 are half a
-    // line: V's rows, and K's when a block is one chunk (its rows then follow each other), come
-    // two to a line, so every other one is prefetched.
-    constexpr int kRowsPerLine = sizeof(T) == 2 && G % 2 == 0 ? 2 : 1;
-    const int k_step = bs == kAttentionChunk ? kRowsPerLine : 1;
-    const int32_t steps = hd / G;
-    int32_t d = 0;
-    for (int t = 0; t < G; ++t) {
-      const T* kr = pk[t];
-      const T* vr = pv[t];
-      for (int32_t e = 0; e < steps; ++e, ++d, kr += G * bs, vr += G * kAttentionChunk) {
+    // Step d of every job's chain.
+    auto fmas = [&](int32_t d) __attribute__((always_inline)) {
+      if constexpr (kOneQuery) {
+        __m512 qd = _mm512_set1_ps(q0[d]);
+        // In a register: folded into each fma as an embedded broadcast, it would be G loads.
+        __asm__("" : "+v"(qd));
 #pragma GCC unroll 8
-        for (int i = 0; i < G; i += k_step) {
-          _mm_prefetch(reinterpret_cast<const char*>(kr + i * bs), _MM_HINT_T0);
+        for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qd, Load16(k[g] + d * bs), acc[g]);
+      } else {
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+          acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qs[g * kQs + d]), Load16(k[g] + d * bs), acc[g]);
         }
+      }
+    };
+    if (pf_k == nullptr) {
+      for (int32_t d = 0; d < hd; ++d) fmas(d);
+    } else if (hd % G == 0) {
+      // Target t's rows during steps t * hd / G ..: G rows of its K and G of its V per step (a V
+      // "row" is kAttentionChunk values; hd of them make the chunk). bf16 rows of 16 are half a
+      // line: V's rows, and K's when a block is one chunk (its rows then follow each other), come
+      // two to a line, so every other one is prefetched.
+      constexpr int kRowsPerLine = sizeof(T) == 2 && G % 2 == 0 ? 2 : 1;
+      const int k_step = bs == kAttentionChunk ? kRowsPerLine : 1;
+      const int32_t steps = hd / G;
+      int32_t d = 0;
+      for (int t = 0; t < G; ++t) {
+        const T* kr = pk[t];
+        const T* vr = pv[t];
+        for (int32_t e = 0; e < steps; ++e, ++d, kr += G * bs, vr += G * kAttentionChunk) {
 #pragma GCC unroll 8
-        for (int i = 0; i < G; i += kRowsPerLine) {
-          _mm_prefetch(reinterpret_cast<const char*>(vr + i * kAttentionChunk), _MM_HINT_T0);
+          for (int i = 0; i < G; i += k_step) {
+            _mm_prefetch(reinterpret_cast<const char*>(kr + i * bs), _MM_HINT_T0);
+          }
+#pragma GCC unroll 8
+          for (int i = 0; i < G; i += kRowsPerLine) {
+            _mm_prefetch(reinterpret_cast<const char*>(vr + i * kAttentionChunk), _MM_HINT_T0);
+          }
+          fmas(d);
+        }
+      }
+    } else {  // row d of every target during step d
+      for (int32_t d = 0; d < hd; ++d) {
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+          _mm_prefetch(reinterpret_cast<const char*>(pk[g] + d * bs), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(pv[g] + d * kAttentionChunk), _MM_HINT_T0);
         }
         fmas(d);
       }
     }
-  } else {  // row d of every target during step d
-    for (int32_t d = 0; d < hd; ++d) {
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) {
-        _mm_prefetch(reinterpret_cast<const char*>(pk[g] + d * bs), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(pv[g] + d * kAttentionChunk), _MM_HINT_T0);
-      }
-      fmas(d);
-    }
+  };
+  if (G > 1 && one_query) {
+    walk.template operator()<true>();
+  } else {
+    walk.template operator()<false>();
   }
   SoftmaxG<G>(p, cv, acc, pj, out);
 }

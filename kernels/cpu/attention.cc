@@ -166,6 +166,10 @@ static_assert(kGroupQueries <= internal::kTileRows, "a sibling group without the
 // 19, round 13").
 constexpr int32_t kMaxHeadGroup = 16;
 constexpr int32_t kMinTasksPerWorker = 4;
+// A lone row (one query head per kv head) whose heads have at least this many batches of
+// kMaxChunkJobs chunks each (512 keys) walks them one by one rather than in head groups; shorter
+// rows (batch-32 decode at a few hundred keys) keep their groups.
+constexpr int32_t kLoneWalkBatches = 4;
 // The most items one RunSingle call takes.
 constexpr int32_t kMaxRunItems = std::max(kGroupQueries, kMaxHeadGroup);
 
@@ -561,7 +565,14 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   // lone rows as workers: runs of up to head_group consecutive heads (the heads cut evenly), none
   // of them split, whose chunks are computed together (a block's heads are adjacent in the pool);
   // head_group is at most kMaxHeadGroup when that still gives every worker kMinTasksPerWorker
-  // tasks (always with one worker), else at most kGroupQueries.
+  // tasks (always with one worker), else at most kGroupQueries. A row whose heads each fill
+  // kLoneWalkBatches batches of chunks or more walks its heads one by one instead (below, as
+  // rows of one head): each batch then holds one query, which takes one broadcast per step, and
+  // with fp32 K/V no prefetch (RunSingle); batch-1 decode at 4K keys on one worker reads 1.14x
+  // the bandwidth share of its heads in row units (docs/benchmarks.md, "Issue 19, round 16").
+  auto grouped = [&](int32_t t) {
+    return lone(t) && (kv_units || NumChunks(p, t) < kLoneWalkBatches * kMaxChunkJobs);
+  };
   int32_t n_lone = 0;
   for (int32_t t = 0; t < p.n_tokens; ++t) n_lone += lone(t) ? 1 : 0;
   const bool head_groups = kv_units || n_lone >= workers;
@@ -572,7 +583,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
       wide ? wide_groups : (p.n_heads + kGroupQueries - 1) / kGroupQueries;
   const int32_t head_group = (p.n_heads + n_head_groups - 1) / n_head_groups;
   for (int32_t t = 0; t < p.n_tokens && head_groups; ++t) {
-    if (!lone(t)) continue;
+    if (!grouped(t)) continue;
     const int64_t row = static_cast<int64_t>(t) * p.n_heads;
     for (int32_t h = 0; h < p.n_heads;) {
       if (is_split[row + h]) {
@@ -589,7 +600,7 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
     int32_t group_first = 0, group_n = 0;
     for (int32_t t = 0; t < p.n_tokens; ++t) {
       if (is_split[static_cast<int64_t>(t) * p.n_heads + h] || in_sibling_group[t] ||
-          (head_groups && lone(t))) {
+          (head_groups && grouped(t))) {
         if (group_n > 0) tasks.insert(tasks.end(), {kRowsTask, group_first, group_n, h});
         group_n = 0;
         continue;

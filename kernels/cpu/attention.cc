@@ -366,12 +366,16 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
   // each, spread over blocks far apart. With bf16 K/V a piece is half a page, too short for the
   // hardware prefetchers to run ahead, so the next batch is prefetched as for kv units: bf16
   // decode at 16K keys 1.2x (docs/benchmarks.md, "Issue 19, round 9"). With fp32 K/V a piece is a
-  // whole 4 KiB page, which they stream once started, and prefetching every line (a quarter of
-  // the walk's time on chunks in L2) costs more than it saves: without it the walk reads nearer
-  // the machine's bandwidth from memory ("Issue 19, round 16"). A row unit prefetches: batch-32
-  // decode attention 1.1x, batch 1 on one worker 1.15x ("round 15").
+  // whole 4 KiB page, which they stream once started: over a long walk (kLoneWalkBatches
+  // batches or more) prefetching every line (a quarter of the walk's time on chunks in L2) costs
+  // more than it saves, and without it the walk reads nearer the machine's bandwidth from memory;
+  // a short walk (batch 1 at 256 keys) did no better without it, and keeps it ("Issue 19, round
+  // 16"). A row unit prefetches: batch-32 decode attention 1.1x, batch 1 on one worker 1.15x
+  // ("round 15").
   const bool row_unit = !kv_unit && IsRowUnit(p, items, n_queries);
-  const bool lone_ahead = n_queries == 1 && p.kv_dtype != DType::kF32;
+  const bool lone_ahead =
+      n_queries == 1 &&
+      (p.kv_dtype != DType::kF32 || n_chunks[0] - resume < kLoneWalkBatches * kMaxChunkJobs);
   const bool ahead = kv_unit || lone_ahead || row_unit;
   const int32_t ahead_chunks = kv_unit    ? KvUnitBatchChunks(n_queries)
                                : row_unit ? RowUnitAhead(n_queries)

@@ -166,10 +166,14 @@ static_assert(kGroupQueries <= internal::kTileRows, "a sibling group without the
 // 19, round 13").
 constexpr int32_t kMaxHeadGroup = 16;
 constexpr int32_t kMinTasksPerWorker = 4;
-// A lone row (one query head per kv head) whose heads have at least this many batches of
-// kMaxChunkJobs chunks each (512 keys) walks them one by one rather than in head groups; shorter
-// rows (batch-32 decode at a few hundred keys) keep their groups.
+// A walk of at least this many batches of kMaxChunkJobs chunks (512 keys) is long: a lone row
+// (one query head per kv head) with such heads walks them one by one rather than in head groups
+// (shorter rows, batch-32 decode at a few hundred keys, keep their groups), and a query walking
+// such chunks alone over fp32 K/V skips the software prefetch (RunSingle).
 constexpr int32_t kLoneWalkBatches = 4;
+inline bool IsLongWalk(int32_t chunks) {
+  return chunks >= kLoneWalkBatches * kMaxChunkJobs;
+}
 // The most items one RunSingle call takes.
 constexpr int32_t kMaxRunItems = std::max(kGroupQueries, kMaxHeadGroup);
 
@@ -366,16 +370,14 @@ void RunSingle(Isa isa, const AttentionParams& p, const Item* items, int32_t n_q
   // each, spread over blocks far apart. With bf16 K/V a piece is half a page, too short for the
   // hardware prefetchers to run ahead, so the next batch is prefetched as for kv units: bf16
   // decode at 16K keys 1.2x (docs/benchmarks.md, "Issue 19, round 9"). With fp32 K/V a piece is a
-  // whole 4 KiB page, which they stream once started: over a long walk (kLoneWalkBatches
-  // batches or more) prefetching every line (a quarter of the walk's time on chunks in L2) costs
-  // more than it saves, and without it the walk reads nearer the machine's bandwidth from memory;
-  // a short walk (batch 1 at 256 keys) did no better without it, and keeps it ("Issue 19, round
-  // 16"). A row unit prefetches: batch-32 decode attention 1.1x, batch 1 on one worker 1.15x
-  // ("round 15").
+  // whole 4 KiB page, which they stream once started: over a long walk (IsLongWalk) prefetching
+  // every line (a quarter of the walk's time on chunks in L2) costs more than it saves, and
+  // without it the walk reads nearer the machine's bandwidth from memory; a short walk (batch 1 at
+  // 256 keys) did no better without it, and keeps it ("Issue 19, round 16"). A row unit
+  // prefetches: batch-32 decode attention 1.1x, batch 1 on one worker 1.15x ("round 15").
   const bool row_unit = !kv_unit && IsRowUnit(p, items, n_queries);
   const bool lone_ahead =
-      n_queries == 1 &&
-      (p.kv_dtype != DType::kF32 || n_chunks[0] - resume < kLoneWalkBatches * kMaxChunkJobs);
+      n_queries == 1 && (p.kv_dtype != DType::kF32 || !IsLongWalk(n_chunks[0] - resume));
   const bool ahead = kv_unit || lone_ahead || row_unit;
   const int32_t ahead_chunks = kv_unit    ? KvUnitBatchChunks(n_queries)
                                : row_unit ? RowUnitAhead(n_queries)
@@ -569,14 +571,12 @@ void Attention(Isa isa, const AttentionParams& p, AttentionKernel kernel, Thread
   // lone rows as workers: runs of up to head_group consecutive heads (the heads cut evenly), none
   // of them split, whose chunks are computed together (a block's heads are adjacent in the pool);
   // head_group is at most kMaxHeadGroup when that still gives every worker kMinTasksPerWorker
-  // tasks (always with one worker), else at most kGroupQueries. A row whose heads each fill
-  // kLoneWalkBatches batches of chunks or more walks its heads one by one instead (below, as
-  // rows of one head): each batch then holds one query, which takes one broadcast per step, and
-  // with fp32 K/V no prefetch (RunSingle); batch-1 decode at 4K keys on one worker reads 1.14x
-  // the bandwidth share of its heads in row units (docs/benchmarks.md, "Issue 19, round 16").
-  auto grouped = [&](int32_t t) {
-    return lone(t) && (kv_units || NumChunks(p, t) < kLoneWalkBatches * kMaxChunkJobs);
-  };
+  // tasks (always with one worker), else at most kGroupQueries. A row whose heads each make a
+  // long walk (IsLongWalk) walks its heads one by one instead (below, as rows of one head): each
+  // batch then holds one query, which takes one broadcast per step, and with fp32 K/V no
+  // prefetch (RunSingle); batch-1 decode at 4K keys on one worker reads 1.14x the bandwidth share
+  // of its heads in row units (docs/benchmarks.md, "Issue 19, round 16").
+  auto grouped = [&](int32_t t) { return lone(t) && (kv_units || !IsLongWalk(NumChunks(p, t))); };
   int32_t n_lone = 0;
   for (int32_t t = 0; t < p.n_tokens; ++t) n_lone += lone(t) ? 1 : 0;
   const bool head_groups = kv_units || n_lone >= workers;
